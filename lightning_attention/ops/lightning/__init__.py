@@ -1,0 +1,1 @@
+"""Lightning Attention op: references (naive), public API (interface), Triton kernels (chunk, kernels/), decode."""

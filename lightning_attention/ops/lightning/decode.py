@@ -1,0 +1,82 @@
+"""Recurrent decoding: one token per sequence, the fp32 state of each sequence updated in place.
+
+Linear attention needs no KV cache: one ``[H, K, V]`` float32 state per sequence replaces it, so memory stays
+constant however many tokens are generated. States live in a pool ``[P, H, K, V]``; ``state_indices`` says which
+row belongs to which sequence of the batch (``-1`` marks a padding slot).
+
+Same semantics as :func:`lightning_attention.lightning_attn` (DESIGN §1), one step at a time::
+
+    S = λ · S + kᵀ v        (inclusive: the token is added before it is read)
+    o = scale · q · S
+
+Hand-off from prefill: ``o, ht = lightning_attn(..., output_final_state=True)`` then ``pool[idx] = ht``; chunked
+prefill continues from a pool row with ``initial_state=pool[idx]``.
+"""
+
+import torch
+
+from lightning_attention.backend import use_triton
+from lightning_attention.ops.lightning.naive import compute_dtype
+from lightning_attention.ops.lightning.validation import check_decode_inputs
+
+
+def decode_step_torch(q, k, v, state, slope, scale, state_indices, out):
+    """PyTorch decode step (CPU path and reference). Same contract as :func:`lightning_attn_decode`."""
+    B, H, K = q.shape
+    ct = compute_dtype(q.dtype)
+    rows = torch.arange(B, device=q.device) if state_indices is None else state_indices.long()
+    active = rows >= 0
+    live = rows[active]
+    lam = torch.ones(H, device=q.device, dtype=ct) if slope is None else torch.exp(-slope.to(ct))
+    s = state[live].to(ct) * lam[None, :, None, None]
+    s = s + torch.einsum("bhk,bhv->bhkv", k[active].to(ct), v[active].to(ct))
+    state[live] = s.to(state.dtype)
+    o_live = scale * torch.einsum("bhk,bhkv->bhv", q[active].to(ct), s)
+    if out is None:
+        out = torch.zeros(B, H, v.shape[-1], device=q.device, dtype=q.dtype)
+    else:
+        out.zero_()
+    out[active] = o_live.to(out.dtype)
+    return out
+
+
+def lightning_attn_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    state: torch.Tensor,
+    slope: torch.Tensor | None = None,
+    *,
+    scale: float = 1.0,
+    state_indices: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One decoding step for a batch of sequences; updates ``state`` in place.
+
+    Args:
+        q, k: ``[B, H, K]``; v: ``[B, H, V]`` (float16 / bfloat16 / float32, one dtype).
+        state: ``[P, H, K, V]`` float32 pool, read and written in place.
+        slope: ``[H]`` float32 >= 0 (λ = exp(-slope)) or ``None`` (no decay).
+        scale: output scale, default 1.0.
+        state_indices: ``[B]`` int32/int64 row of ``state`` for each sequence; ``-1`` = padding slot (its row is
+            not touched and its output is zeros). ``None`` means P == B and row b belongs to sequence b.
+            Duplicate non-negative indices are an error (checked on CPU and with LIGHTNING_ATTENTION_DEBUG=1).
+        out: optional ``[B, H, V]`` output buffer in q.dtype (no allocation: CUDA-graph friendly).
+
+    Returns:
+        o ``[B, H, V]`` in q.dtype (``out`` when given).
+
+    Example (prefill, then decode from the pool)::
+
+        >>> pool = torch.zeros(8, H, K, V)                     # room for 8 sequences
+        >>> o, ht = lightning_attn(q, k, v, slope, output_final_state=True)   # B = 2 prompts
+        >>> idx = torch.tensor([5, 2]); pool[idx] = ht
+        >>> o_t = lightning_attn_decode(q_t, k_t, v_t, pool, slope, state_indices=idx)
+    """
+    check_decode_inputs(q, k, v, state, slope, scale=scale, state_indices=state_indices, out=out)
+    if use_triton(q):
+        from lightning_attention.ops.lightning.kernels.decode import decode_step_triton
+
+        return decode_step_triton(q, k, v, state, slope, float(scale), state_indices, out)
+    with torch.no_grad():
+        return decode_step_torch(q, k, v, state, slope, float(scale), state_indices, out)

@@ -1,0 +1,146 @@
+"""Public entry points: :func:`lightning_attn` and the drop-in :func:`lightning_attn_func`.
+
+This layer validates, picks the backend (``LIGHTNING_ATTENTION_BACKEND``, see :mod:`lightning_attention.backend`)
+and calls either the Triton kernels (:mod:`lightning_attention.ops.lightning.chunk`) or the PyTorch chunked path
+(:func:`lightning_attention.ops.lightning.naive.chunk_lightning_attn`).
+"""
+
+import torch
+
+from lightning_attention.backend import use_triton
+from lightning_attention.ops.lightning import naive
+from lightning_attention.ops.lightning.validation import check_lightning_attn_inputs
+
+
+def _triton_lightning_attn():
+    try:
+        from lightning_attention.ops.lightning.chunk import chunk_lightning_attn_triton
+    except ImportError as e:  # triton missing (e.g. not Linux)
+        raise NotImplementedError(
+            "The Triton backend is not available here "
+            f"({e}); set LIGHTNING_ATTENTION_BACKEND=torch to use the PyTorch path"
+        ) from e
+    return chunk_lightning_attn_triton
+
+
+def lightning_attn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slope: torch.Tensor | None = None,
+    *,
+    scale: float = 1.0,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+    backward: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Causal linear attention with per-head exponential decay (Lightning Attention-1/-2).
+
+    Per head, with λ = exp(-slope) (``slope=None``: λ = 1) and S₋₁ = ``initial_state`` (zeros if None)::
+
+        S_t = λ · S_{t-1} + k_tᵀ v_t          (S is [K, V], float32)
+        o_t = scale · q_t · S_t               (causal, inclusive)
+        final_state = S_{T-1}
+
+    Args:
+        q: ``[B, T, H, K]`` float16 / bfloat16 / float32 (float64 on the PyTorch path, for references).
+        k: ``[B, T, H, K]``, dtype of q.
+        v: ``[B, T, H, V]``, dtype of q. K ≠ V is allowed.
+        slope: ``[H]`` float32 >= 0 or ``None`` (no decay). Not learned (no gradient).
+        scale: multiplies every output; default 1.0 (TNL / paper). FLA's default is ``K ** -0.5``.
+        initial_state: ``[N, H, K, V]`` float32, N = B, or N = len(cu_seqlens) - 1 with ``cu_seqlens``.
+        output_final_state: return the final state ``[N, H, K, V]`` float32 (else ``None``).
+        cu_seqlens: ``[N + 1]`` int32/int64 offsets of N sequences packed along T; requires B == 1.
+            Every sequence starts from its own initial state and never sees another.
+        cu_seqlens_cpu: optional host copy of ``cu_seqlens``; lets the launcher avoid a device->host sync.
+        backward: ``"auto"`` | ``"chunk"`` (parallel over chunks) | ``"recompute"`` (SRAM-bounded).
+
+    Returns:
+        ``(o, final_state)``: o ``[B, T, H, V]`` in q.dtype; final_state ``[N, H, K, V]`` float32 or ``None``.
+
+    Gradients flow to q, k, v and initial_state, and through final_state.
+
+    Example::
+
+        >>> B, T, H, D = 2, 1000, 4, 64
+        >>> q, k, v = (torch.randn(B, T, H, D) for _ in range(3))
+        >>> o, _ = lightning_attn(q, k, v, tnl_slopes(H, 0, 12))
+        >>> # varlen: three sequences of lengths 5, 0 and 995 packed into one row
+        >>> cu = torch.tensor([0, 5, 5, 1000])
+        >>> o, ht = lightning_attn(q[:1], k[:1], v[:1], cu_seqlens=cu, output_final_state=True)
+        >>> ht.shape
+        torch.Size([3, 4, 64, 64])
+    """
+    check_lightning_attn_inputs(
+        q,
+        k,
+        v,
+        slope,
+        scale=scale,
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        cu_seqlens=cu_seqlens,
+        cu_seqlens_cpu=cu_seqlens_cpu,
+        backward=backward,
+    )
+    if use_triton(q):
+        return _triton_lightning_attn()(
+            q,
+            k,
+            v,
+            slope,
+            scale=float(scale),
+            initial_state=initial_state,
+            output_final_state=output_final_state,
+            cu_seqlens=cu_seqlens,
+            cu_seqlens_cpu=cu_seqlens_cpu,
+            backward=backward,
+        )
+    # The PyTorch path computes in float32 on purpose: keep autocast from lowering its einsums to bf16.
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        o, final_state = naive.chunk_lightning_attn(
+            q,
+            k,
+            v,
+            slope,
+            scale=float(scale),
+            initial_state=initial_state,
+            cu_seqlens=cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens,
+        )
+    if not output_final_state:
+        return o, None
+    if final_state is initial_state:  # T == 0 returns h0: never hand the caller's tensor back aliased
+        final_state = final_state.clone()
+    return o, final_state
+
+
+def lightning_attn_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    s: torch.Tensor | None = None,
+    variant: str = "chunk_loop",
+) -> torch.Tensor:
+    """Drop-in replacement for the official ``lightning_attn.ops.lightning_attn_func``.
+
+    Layout ``[b, h, n, d]`` for q and k, ``[b, h, n, e]`` for v; ``s`` is the per-head slope of shape ``[h]`` or
+    ``[h, 1, 1]`` (λ = exp(-s)) or ``None`` for no decay; no scale (1.0). ``variant`` is accepted for compatibility
+    and ignored: one implementation serves every variant. Unlike the official package, d = 16, head dims that are
+    not powers of two, and the no-decay path all work.
+
+    Returns:
+        o ``[b, h, n, e]`` in q.dtype (contiguous, like the official package).
+    """
+    del variant
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor) or x.ndim != 4:
+            raise ValueError(f"{name} must be a 4-d tensor [b, h, n, d], got {getattr(x, 'shape', type(x))}")
+    slope = None
+    if s is not None:
+        if not isinstance(s, torch.Tensor) or s.numel() != q.shape[1]:
+            raise ValueError(f"s must have shape [h] or [h, 1, 1] with h = {q.shape[1]}, got {getattr(s, 'shape', s)}")
+        slope = s.reshape(q.shape[1]).to(torch.float32)
+    o, _ = lightning_attn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), slope)
+    return o.transpose(1, 2).contiguous()

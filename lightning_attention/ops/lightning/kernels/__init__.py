@@ -1,0 +1,1 @@
+"""Triton kernels of the Lightning Attention op (one role per file)."""
