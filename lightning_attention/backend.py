@@ -40,7 +40,13 @@ def debug_checks_enabled() -> bool:
 
 
 def value_checks_enabled(x: torch.Tensor) -> bool:
-    """Value checks that would sync a device run always on CPU tensors, on CUDA only in debug mode."""
+    """Value checks that would sync a device run always on CPU tensors, on CUDA only in debug mode.
+
+    Never while torch.compile traces: reading tensor values on the host would break the graph, and the eager
+    call of the same code (or the debug run) is where such checks belong.
+    """
+    if torch.compiler.is_compiling():
+        return False
     return (not x.is_cuda) or debug_checks_enabled()
 
 

@@ -11,7 +11,11 @@ import sys
 import lightning_attention
 
 # name -> (module, one-line help); modules are imported only when their subcommand runs
-SUBCOMMANDS: dict[str, tuple[str, str]] = {}
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("lightning_attention.cli_train", "train a small TransNormerLLM (or --arch llama) and save a checkpoint"),
+    "generate": ("lightning_attention.cli_generate", "stream text from a checkpoint with constant memory"),
+    "bench": ("lightning_attention.bench.cli", "benchmarks: kernels, decode, model, hybrid (JSON + PNG)"),
+}
 
 
 def _available_subcommands() -> dict[str, tuple[str, str]]:

@@ -40,30 +40,36 @@ def _poison(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-@pytest.fixture(autouse=True)
-def poison_empty(monkeypatch):
-    """Fill uninitialised allocations made inside the package with NaN for the duration of each test."""
-    originals = {
-        "empty": torch.empty,
-        "empty_like": torch.empty_like,
-        "empty_strided": torch.empty_strided,
-        "new_empty": torch.Tensor.new_empty,
-    }
+# The allocators are wrapped once, at import, so torch.compile sees the same functions in every test (Dynamo caches
+# its table of torch functions per process); the autouse fixture only switches the poisoning on and off.
+_POISON_ACTIVE = [False]
 
-    def wrap(fn):
-        def poisoned(*args, **kwargs):
-            t = fn(*args, **kwargs)
-            if _called_from_package() and not torch.compiler.is_compiling():
-                _poison(t)
+
+def _poisoning(fn):
+    def poisoned(*args, **kwargs):
+        t = fn(*args, **kwargs)
+        # is_compiling() first: while Dynamo traces, the frame inspection below must not be reached
+        if torch.compiler.is_compiling() or not _POISON_ACTIVE[0]:
             return t
+        if _called_from_package():
+            _poison(t)
+        return t
 
-        return poisoned
+    return poisoned
 
-    monkeypatch.setattr(torch, "empty", wrap(originals["empty"]))
-    monkeypatch.setattr(torch, "empty_like", wrap(originals["empty_like"]))
-    monkeypatch.setattr(torch, "empty_strided", wrap(originals["empty_strided"]))
-    monkeypatch.setattr(torch.Tensor, "new_empty", wrap(originals["new_empty"]))
+
+torch.empty = _poisoning(torch.empty)
+torch.empty_like = _poisoning(torch.empty_like)
+torch.empty_strided = _poisoning(torch.empty_strided)
+torch.Tensor.new_empty = _poisoning(torch.Tensor.new_empty)
+
+
+@pytest.fixture(autouse=True)
+def poison_empty():
+    """Fill uninitialised allocations made inside the package with NaN for the duration of each test."""
+    _POISON_ACTIVE[0] = True
     yield
+    _POISON_ACTIVE[0] = False
 
 
 def pytest_collection_modifyitems(config, items):

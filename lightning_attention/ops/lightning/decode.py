@@ -10,7 +10,12 @@ Same semantics as :func:`lightning_attention.lightning_attn` (DESIGN §1), one s
     o = scale · q · S
 
 Hand-off from prefill: ``o, ht = lightning_attn(..., output_final_state=True)`` then ``pool[idx] = ht``; chunked
-prefill continues from a pool row with ``initial_state=pool[idx]``.
+prefill continues from a pool row with ``initial_state=pool[idx]``. Prefill and decode share one state layout
+(``[K, V]`` per head, float32) and one decay definition, so the state a prefill returns is exactly the state the
+next decode step expects; ``docs/decode.md`` walks through a serving loop (pool, padding slots, CUDA graphs).
+
+On the Triton backend the step is :func:`lightning_attention.ops.lightning.kernels.decode.decode_step_triton`
+(registered as ``torch.ops.lightning_attention.decode_step``); on CPU tensors by default, the PyTorch path below.
 """
 
 import torch
@@ -66,12 +71,32 @@ def lightning_attn_decode(
     Returns:
         o ``[B, H, V]`` in q.dtype (``out`` when given).
 
+    No host sync unless ``LIGHTNING_ATTENTION_DEBUG=1`` (CUDA tensors), no allocation when ``out`` is given: a step
+    with ``out=`` can be captured in a CUDA graph and replayed with new q/k/v/state_indices copied into its inputs.
+
     Example (prefill, then decode from the pool)::
 
         >>> pool = torch.zeros(8, H, K, V)                     # room for 8 sequences
         >>> o, ht = lightning_attn(q, k, v, slope, output_final_state=True)   # B = 2 prompts
         >>> idx = torch.tensor([5, 2]); pool[idx] = ht
         >>> o_t = lightning_attn_decode(q_t, k_t, v_t, pool, slope, state_indices=idx)
+
+    Pool recipe (packed prompts, chunked prefill, padded decode batch)::
+
+        >>> # prompts of 3 requests packed into one row; request i lives in pool row rows[i]
+        >>> rows = torch.tensor([4, 0, 6])
+        >>> o, ht = lightning_attn(q, k, v, slope, cu_seqlens=cu, output_final_state=True)
+        >>> pool[rows] = ht                                    # prefill -> pool
+        >>> # the next chunk of the same prompts continues from the pool (chunked prefill)
+        >>> o, ht = lightning_attn(q2, k2, v2, slope, initial_state=pool[rows], cu_seqlens=cu2,
+        ...                        output_final_state=True)
+        >>> pool[rows] = ht
+        >>> # decode batch of 4 slots, one of them empty (-1): its row is untouched, its output zeros
+        >>> idx = torch.tensor([4, -1, 0, 6])
+        >>> o_t = lightning_attn_decode(q_t, k_t, v_t, pool, slope, state_indices=idx, out=o_buf)
+
+    ``pool[rows]`` gathers a copy (advanced indexing), so prefill never writes the pool behind your back; the
+    assignment ``pool[rows] = ht`` is the hand-off. Decode updates the named rows in place.
     """
     check_decode_inputs(q, k, v, state, slope, scale=scale, state_indices=state_indices, out=out)
     if use_triton(q):

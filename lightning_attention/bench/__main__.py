@@ -1,0 +1,5 @@
+import sys
+
+from lightning_attention.bench.cli import main
+
+sys.exit(main())

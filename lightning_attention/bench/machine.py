@@ -1,0 +1,94 @@
+"""The machine line that heads every benchmark output: GPU, driver, CUDA, torch, triton, baseline versions, date."""
+
+import datetime
+import importlib.metadata
+import os
+import platform
+import shutil
+import subprocess
+
+import torch
+
+# (label, distribution names to try): the wheels are named fla_core / lightning_attn
+_PACKAGES = (
+    ("triton", ("triton",)),
+    ("fla", ("fla-core", "fla_core", "flash-linear-attention")),
+    ("lightning_attn", ("lightning_attn", "lightning-attn")),
+    ("lightning_attention", ("lightning-attention", "lightning_attention")),
+)
+
+
+def package_version(distributions: tuple[str, ...]) -> str | None:
+    """Installed version of the first distribution found, or None."""
+    for name in distributions:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _driver_version() -> str | None:
+    # torch does not expose the driver version; nvidia-smi does (and is absent on CPU machines)
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run(
+            [exe, "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.strip().splitlines()[0] if out.strip() else None
+
+
+def machine_info(device: torch.device | str) -> dict:
+    """Everything that decides what a timing means, as a JSON-ready dict."""
+    device = torch.device(device)
+    info = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "device": str(device),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "triton_interpret": os.environ.get("TRITON_INTERPRET", "0") == "1",
+        "backend": os.environ.get("LIGHTNING_ATTENTION_BACKEND", "auto"),
+    }
+    for label, dists in _PACKAGES:
+        info[label] = package_version(dists)
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info["gpu"] = props.name
+        info["gpu_memory_gb"] = round(props.total_memory / 2**30, 1)
+        info["compute_capability"] = f"{props.major}.{props.minor}"
+        info["sm_count"] = props.multi_processor_count
+        info["driver"] = _driver_version()
+    else:
+        info["gpu"] = None
+        info["driver"] = None
+    return info
+
+
+def machine_line(info: dict) -> str:
+    """One line, e.g. ``NVIDIA H100 80GB HBM3 | driver 550.54 | CUDA 12.4 | torch 2.11 | triton 3.6 | fla 0.6.0 …``."""
+    where = info["gpu"] if info.get("gpu") else f"CPU {info['cpu']} x{info['cpu_count']}"
+    parts = [where]
+    if info.get("gpu"):
+        parts.append(f"driver {info.get('driver') or 'n/a'}")
+        parts.append(f"CUDA {info.get('cuda') or 'n/a'}")
+    parts.append(f"torch {info['torch']}")
+    parts.append(f"triton {info.get('triton') or 'not installed'}")
+    parts.append(f"fla {info.get('fla') or 'not installed'}")
+    parts.append(f"lightning_attn {info.get('lightning_attn') or 'not installed'}")
+    parts.append(f"lightning_attention {info.get('lightning_attention') or 'n/a'}")
+    if info.get("triton_interpret"):
+        parts.append("TRITON_INTERPRET=1")
+    parts.append(info["date"])
+    return " | ".join(parts)

@@ -1,0 +1,123 @@
+"""Timers and memory probes: ``triton.testing.do_bench`` on CUDA, a wall-clock median on CPU.
+
+Every timing is a median with its 20th and 80th percentiles, in milliseconds. Memory is measured on CUDA only
+(PyTorch keeps no peak statistics for CPU tensors); CPU runs report it as not measured.
+"""
+
+import dataclasses
+import gc
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from lightning_attention.bench import metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+
+    def to_json(self) -> dict:
+        return {"median_ms": self.median_ms, "p20_ms": self.p20_ms, "p80_ms": self.p80_ms}
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _clear_grads(tensors: list[torch.Tensor] | None) -> None:
+    for t in tensors or ():
+        t.grad = None
+
+
+def bench(
+    fn: Callable[[], object],
+    device: torch.device,
+    *,
+    warmup_ms: float,
+    rep_ms: float,
+    grad_to_none: list[torch.Tensor] | None = None,
+) -> Timing:
+    """Median time of ``fn()`` with the 20/80 percentiles (gradients of ``grad_to_none`` cleared before each run).
+
+    CUDA: ``triton.testing.do_bench`` (flushes L2 between runs). CPU: one warm-up call, then runs until ``rep_ms``
+    have passed (at least 3, at most 100) — a smoke-test timer, not a measurement to publish.
+    """
+    if device.type == "cuda":
+        import triton.testing
+
+        q50, q20, q80 = triton.testing.do_bench(
+            fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=grad_to_none, quantiles=[0.5, 0.2, 0.8]
+        )
+        return Timing(float(q50), float(q20), float(q80))
+    _clear_grads(grad_to_none)
+    fn()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < 3 or (len(times) < 100 and (time.perf_counter() - start) * 1e3 < rep_ms):
+        _clear_grads(grad_to_none)
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    times.sort()
+    q = statistics.quantiles(times, n=10, method="inclusive")  # deciles: q[1] = p20, q[7] = p80
+    return Timing(statistics.median(times), q[1], q[7])
+
+
+def wall_seconds(fn: Callable[[], object], device: torch.device) -> float:
+    """Wall-clock seconds of one synchronised call (used for the cold start: compile + autotune + run)."""
+    synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - t0
+
+
+def peak_memory(fn: Callable[[], object], device: torch.device) -> tuple[int, int] | None:
+    """``(allocated before, peak during)`` one call of ``fn`` in bytes; None on CPU (no allocator statistics)."""
+    if device.type != "cuda":
+        return None
+    gc.collect()
+    synchronize(device)
+    baseline = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    synchronize(device)
+    return baseline, torch.cuda.max_memory_allocated(device)
+
+
+def copy_time_ms(nbytes: int, device: torch.device, *, warmup_ms: float, rep_ms: float) -> float:
+    """Median time of a ``nbytes`` device-to-device copy (the bandwidth ceiling the floors are measured against)."""
+    src = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.zeros_like(src)
+    return bench(lambda: dst.copy_(src), device, warmup_ms=warmup_ms, rep_ms=rep_ms).median_ms
+
+
+def measure_copy_bandwidth(device: torch.device, quick: bool, warmup_ms: float, rep_ms: float) -> dict:
+    """The bandwidth ceiling of this run: a large device-to-device copy (1 GiB on CUDA; 64 MiB on CPU, 8 in --quick)."""
+    nbytes = 2**30 if device.type == "cuda" else (2**23 if quick else 2**26)
+    ms = copy_time_ms(nbytes, device, warmup_ms=warmup_ms, rep_ms=rep_ms)
+    release(device)  # the two copy buffers are gone: hand their memory back before the providers run
+    return {"bytes": nbytes, "ms": ms, "bytes_per_s": metrics.copy_bandwidth(nbytes, ms)}
+
+
+def release(device: torch.device) -> None:
+    """Give cached memory back after a provider ran (or ran out of memory), so the next starts clean."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+_OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)  # the top-level alias is recent
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """A CUDA allocator OOM (or an op that reports one in its message); Triton's shared-memory OutOfResources is not."""
+    if isinstance(exc, _OOM):
+        return True
+    return "out of memory" in str(exc).lower() and not isinstance(exc, AssertionError)

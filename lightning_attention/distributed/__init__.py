@@ -1,0 +1,22 @@
+"""Sequence parallelism (LASP-2 style) on ``torch.distributed``.
+
+- :func:`lightning_attn_sp` — Lightning Attention over a sequence split across the ranks of a process group.
+- :func:`init_sequence_parallel`, :func:`shard_sequence`, :func:`sequence_bounds` — SP × DP process groups and
+  slicing a batch along T.
+- :func:`sp_communication_bytes`, :func:`record_communication` — bytes per call (independent of T), predicted and
+  recorded.
+"""
+
+from lightning_attention.distributed.comm_volume import CommVolume, record_communication, sp_communication_bytes
+from lightning_attention.distributed.groups import init_sequence_parallel, sequence_bounds, shard_sequence
+from lightning_attention.distributed.sequence_parallel import lightning_attn_sp
+
+__all__ = [
+    "CommVolume",
+    "init_sequence_parallel",
+    "lightning_attn_sp",
+    "record_communication",
+    "sequence_bounds",
+    "shard_sequence",
+    "sp_communication_bytes",
+]

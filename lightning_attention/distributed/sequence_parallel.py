@@ -1,0 +1,230 @@
+"""Sequence-parallel Lightning Attention (LASP-2 style) on ``torch.distributed``.
+
+The P ranks of a process group each hold a contiguous slice of the same sequences, in rank order: rank r holds
+``n_r`` tokens (any ``n_r >= 0``, unequal allowed). Per head, with λ = exp(-slope) and h0 the global initial state,
+the recurrence of DESIGN §1 splits at the rank boundaries:
+
+    S_r      = Σ_{t in slice r} λ^(n_r - 1 - t) k_tᵀ v_t                   local state, from a zero state
+    S_in(0)  = h0
+    S_in(r+1) = λ^(n_r) S_in(r) + S_r                                      incoming state of rank r + 1
+             = λ^(n_0+…+n_r) h0 + Σ_{j≤r} λ^(n_{j+1}+…+n_r) S_j
+    o_r      = lightning_attn(q_r, k_r, v_r, initial_state=S_in(r))        exact: the recurrence restarted at S_in(r)
+    final    = S_in(P)
+
+Forward, on every rank: (1) ``S_r`` with the public op from a zero state; (2) ONE all-gather of every rank's
+``S_r`` and ``n_r``; (3) the scan above (P small elementwise steps, the same on every rank); (4) the local output.
+The blocking rank-to-rank chain of LASP-1 becomes one collective whose volume is independent of T
+(:mod:`lightning_attention.distributed.comm_volume`).
+
+Backward is the mirror image. Write G(r) = dL/dS_in(r) (all ranks' losses together). Then
+
+    G(P) = Σ_ranks dL_rank/dfinal                   the final state is replicated: its gradients are summed
+    G(r) = dL_r/dS_in(r) + λ^(n_r) G(r+1)           rank r's own use of S_in(r), plus its effect on S_in(r+1)
+    dL/dS_r = G(r + 1),   dL/dh0 = G(0)             every rank receives the full gradient of h0
+
+so ONE all-gather of every rank's ``dL_r/dS_in(r)`` (and ``dL_r/dfinal``) gives each rank what it needs. The
+autograd graph of the two local calls of the public op carries those gradients to q, k and v.
+
+Why exactly one collective per direction: autograd may run independent backward branches in a different order on
+different ranks, and gloo silently pairs up collectives of equal shape in issue order. Here the single backward
+collective sits between the backward of the output call (which produces dL/dS_in) and that of the state call
+(which consumes dL/dS_r), so its place in the order is fixed by data dependencies.
+"""
+
+import torch
+import torch.distributed as dist
+
+from lightning_attention.distributed.comm_volume import LENGTH_SLOTS, note_collective
+from lightning_attention.ops.lightning.interface import lightning_attn
+from lightning_attention.ops.lightning.validation import check_lightning_attn_inputs
+
+# A float32 slot holds every integer below 2^24 exactly: a slice length n is sent as (n mod 2^24, n div 2^24).
+_LENGTH_RADIX = 2**24
+
+# Recent torch (2.13 here) deprecates all_gather_into_tensor for all_gather_single (same semantics); the GPU
+# machine's torch 2.11 has only the former. getattr also keeps builds without torch.distributed importable.
+_all_gather_flat = getattr(dist, "all_gather_single", None) or getattr(dist, "all_gather_into_tensor", None)
+
+
+def _world(group) -> tuple[int, int]:
+    """(world size, rank) of ``group``; (1, 0) when torch.distributed is not initialised and no group is given."""
+    if not (dist.is_available() and dist.is_initialized()):
+        if group is not None:
+            raise RuntimeError("lightning_attn_sp got a process group but torch.distributed is not initialised")
+        return 1, 0
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise ValueError("lightning_attn_sp was called on a rank that is not a member of `group`")
+    return dist.get_world_size(group), rank
+
+
+def _all_gather(send: torch.Tensor, world_size: int, group, direction: str) -> torch.Tensor:
+    """Gathers a flat buffer from every rank of ``group``: returns ``[world_size, send.numel()]``."""
+    recv = send.new_empty(world_size * send.numel())
+    note_collective(direction, send, recv)
+    _all_gather_flat(recv, send, group=group)
+    return recv.view(world_size, send.numel())
+
+
+def _encode_length(n: int, like: torch.Tensor) -> torch.Tensor:
+    """``[2]`` in the state dtype: (n mod 2^24, n div 2^24), both exact in float32."""
+    return torch.tensor([n % _LENGTH_RADIX, n // _LENGTH_RADIX], dtype=like.dtype).to(like.device, non_blocking=True)
+
+
+def _decode_lengths(slots: torch.Tensor) -> torch.Tensor:
+    """``[P, 2]`` gathered length slots -> ``[P]`` float64 lengths (exact), on the device (no host sync)."""
+    slots = slots.to(torch.float64)
+    return slots[:, 0] + slots[:, 1] * _LENGTH_RADIX
+
+
+def _block_decays(slope: torch.Tensor | None, lengths: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """λ^(n_j) per rank and head, ``[P, 1, H, 1, 1]`` in ``dtype`` (broadcasts over a [B, H, K, V] state).
+
+    ``None`` without decay (λ = 1). The exponent is formed in float64 so that long slices lose no precision.
+    """
+    if slope is None:
+        return None
+    exponent = slope.to(torch.float64)[None, :] * lengths[:, None]  # [P, H]
+    return torch.exp(-exponent).to(dtype)[:, None, :, None, None]
+
+
+class _StateExchange(torch.autograd.Function):
+    """(local state S_r, global h0) -> (incoming state S_in(r), global final state S_in(P)); one all-gather each way.
+
+    Shapes: every state is ``[B, H, K, V]`` in float32 (float64 for float64 inputs); ``initial_state`` may be None.
+    """
+
+    @staticmethod
+    def forward(ctx, local_state, initial_state, slope, length, group, world_size, rank, grad_final):
+        send = torch.cat([local_state.reshape(-1), _encode_length(length, local_state)])
+        recv = _all_gather(send, world_size, group, "forward")
+        states = recv[:, :-LENGTH_SLOTS].view(world_size, *local_state.shape)
+        decays = _block_decays(slope, _decode_lengths(recv[:, -LENGTH_SLOTS:]), local_state.dtype)
+
+        # carry = S_in(j) while walking j = 0..P-1; a fresh tensor, never the caller's h0 (no output aliases an input)
+        if initial_state is None:
+            carry = torch.zeros_like(local_state)
+        else:
+            carry = initial_state.to(local_state.dtype, copy=True)
+        incoming = None
+        for j in range(world_size):
+            if j == rank:
+                incoming = carry
+            carry = states[j] + (carry if decays is None else decays[j] * carry)
+
+        ctx.save_for_backward(decays)
+        ctx.group, ctx.world_size, ctx.rank = group, world_size, rank
+        ctx.grad_final = grad_final
+        ctx.has_initial_state = initial_state is not None
+        return incoming, carry
+
+    @staticmethod
+    def backward(ctx, grad_incoming, grad_final):
+        (decays,) = ctx.saved_tensors
+        # Unused outputs arrive as zeros (materialised grads), so every rank sends a buffer of the same shape.
+        parts = [grad_incoming, grad_final] if ctx.grad_final else [grad_incoming]
+        send = torch.stack(parts).reshape(-1)
+        recv = _all_gather(send, ctx.world_size, ctx.group, "backward")
+        recv = recv.view(ctx.world_size, len(parts), *grad_incoming.shape)
+
+        # carry = G(j + 1) while walking j = P-1..0, starting from the summed gradient of the replicated final state
+        carry = recv[:, 1].sum(0) if ctx.grad_final else torch.zeros_like(grad_incoming)
+        grad_local = None
+        for j in reversed(range(ctx.world_size)):
+            if j == ctx.rank:
+                grad_local = carry
+            carry = recv[j, 0] + (carry if decays is None else decays[j] * carry)
+        grad_initial = carry if ctx.has_initial_state else None
+        return grad_local, grad_initial, None, None, None, None, None, None
+
+
+def _empty_output(q, k, v, incoming) -> torch.Tensor:
+    """``[B, 0, H, V]`` output of an empty slice, tied to the autograd graph of q, k, v and the exchange.
+
+    An empty slice must still join the backward all-gather: tying its output to ``incoming`` makes
+    ``loss.backward()`` on this rank reach ``_StateExchange.backward``. Tying it to q, k, v gives them (empty) zero
+    gradients instead of None, so upstream parameters see a gradient like on every other rank.
+    """
+    B, _, H, _ = q.shape
+    anchor = incoming.sum() * 0 + (q.sum() + k.sum() + v.sum()).to(incoming.dtype) * 0
+    return anchor.to(q.dtype).expand(B, 0, H, v.shape[-1])
+
+
+def _state_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the states the public op returns for inputs of ``dtype`` (float64 only for fp64 references)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def lightning_attn_sp(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slope: torch.Tensor | None = None,
+    *,
+    group: "dist.ProcessGroup | None" = None,
+    scale: float = 1.0,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Sequence-parallel :func:`lightning_attention.lightning_attn`: each rank holds a slice of the sequences.
+
+    The ranks of ``group`` hold contiguous slices of the same B sequences, in rank order; slice lengths ``T_r`` may
+    differ between ranks and may be 0. Concatenating every rank's ``o`` along T gives exactly the output of
+    ``lightning_attn`` on the full sequences.
+
+    Args:
+        q: ``[B, T_r, H, K]`` this rank's slice; float16 / bfloat16 / float32 (float64 on the PyTorch path).
+        k: ``[B, T_r, H, K]``, dtype of q.
+        v: ``[B, T_r, H, V]``, dtype of q.
+        slope: ``[H]`` float32 >= 0 (λ = exp(-slope)) or ``None`` (no decay); the same on every rank.
+        group: the sequence-parallel process group (``None``: the default group). Without an initialised
+            ``torch.distributed`` and with ``group=None`` this is the single-device op.
+        scale: output scale, as in ``lightning_attn``.
+        initial_state: ``[B, H, K, V]`` float32 global h0 (state before the first token of rank 0), passed
+            identically on every rank; each rank receives the full gradient of it.
+        output_final_state: return the global final state (after the last token of the last rank) on every rank.
+            Gradients that reach it from several ranks are summed. Must be the same on every rank.
+
+    Returns:
+        ``(o, final_state)``: o ``[B, T_r, H, V]`` in q.dtype (this rank's slice); final_state ``[B, H, K, V]``
+        float32 or ``None``.
+
+    Every rank of ``group`` must call this with the same B, H, K, V, dtype and flags, and, when training, must
+    backpropagate through its output (an all-gather runs in forward and one in backward, as with DDP).
+    Communication per call: one all-gather of ``[B, H, K, V]`` states in each direction, independent of T
+    (:func:`~lightning_attention.distributed.comm_volume.sp_communication_bytes`). Compute: the public op runs twice
+    per rank (local state from zero, then the output from the incoming state).
+    """
+    check_lightning_attn_inputs(
+        q,
+        k,
+        v,
+        slope,
+        scale=scale,
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        cu_seqlens=None,
+        cu_seqlens_cpu=None,
+        backward="auto",
+    )
+    world_size, rank = _world(group)
+    if world_size == 1:
+        return lightning_attn(
+            q, k, v, slope, scale=scale, initial_state=initial_state, output_final_state=output_final_state
+        )
+
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    if T > 0:
+        # The output of this call is discarded: the public op is the only way to the state (kernels are not ours).
+        _, local_state = lightning_attn(q, k, v, slope, scale=scale, output_final_state=True)
+    else:
+        local_state = torch.zeros(B, H, K, V, dtype=_state_dtype(q.dtype), device=q.device)
+    incoming, final_state = _StateExchange.apply(
+        local_state, initial_state, slope, T, group, world_size, rank, output_final_state
+    )
+    if T > 0:
+        o, _ = lightning_attn(q, k, v, slope, scale=scale, initial_state=incoming)
+    else:
+        o = _empty_output(q, k, v, incoming)
+    return o, (final_state if output_final_state else None)
