@@ -18,7 +18,7 @@ function exists; the PyTorch path :func:`inter_lightning_attn_torch` otherwise (
 import torch
 
 from lightning_attention.backend import use_triton
-from lightning_attention.ops.lightning.naive import _per_sequence, _slope_or_zeros, _zero_state, compute_dtype
+from lightning_attention.ops.lightning.naive import chunk_lightning_attn
 from lightning_attention.ops.lightning.validation import check_lightning_attn_inputs
 
 
@@ -32,11 +32,10 @@ def check_chunk_size(chunk_size) -> int:
 
 
 def inter_lightning_attn_torch(q, k, v, slope=None, *, chunk_size, scale=1.0, initial_state=None, cu_seqlens=None):
-    """PyTorch inter-chunk term from chunk-boundary states (differentiable; the CPU path and a reference).
-
-    Every chunk's own decayed state ``(λ^(L-1-j) K_n)ᵀ V_n`` comes from one batched matmul; a scan over the
-    T / C chunks (a loop of [K, V] updates) turns them into the boundary states S_{c0-1}; one more batched matmul
-    reads them with ``λ^(i+1) Q_n``. No T×T tensor; memory O(T / C · K · V) for the boundary states.
+    """PyTorch inter-chunk term (differentiable; the CPU path and a reference): the chunked reference with its
+    intra-block term dropped (:func:`~lightning_attention.ops.lightning.naive.chunk_lightning_attn` with
+    ``intra=False``, blocks of ``chunk_size`` tokens). Every chunk's decayed local state comes from one batched matmul
+    and a scan over the T / C chunks reads the boundary states S_{c0-1}; no T×T tensor.
 
     Args:
         q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; slope ``[H]`` or None; initial_state ``[N, H, K, V]`` or None;
@@ -45,40 +44,10 @@ def inter_lightning_attn_torch(q, k, v, slope=None, *, chunk_size, scale=1.0, in
     Returns:
         ``(o_inter [B, T, H, V] in q.dtype, final_state [N, H, K, V])`` (float32; float64 for float64 inputs).
     """
-    if cu_seqlens is not None:
-        fn = lambda *a, **kw: inter_lightning_attn_torch(*a, **kw, chunk_size=chunk_size)  # noqa: E731
-        return _per_sequence(fn, q, k, v, slope, scale, initial_state, cu_seqlens)
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    C = chunk_size
-    ct = compute_dtype(q.dtype)
-    s = _slope_or_zeros(slope, H, q.device, ct)
-    h0 = _zero_state(B, H, K, V, q.device, ct) if initial_state is None else initial_state.to(ct)
-    if T == 0:
-        return v.new_zeros(B, 0, H, V).to(q.dtype), h0
-
-    NT = (T + C - 1) // C
-    pad = NT * C - T
-    # [B, NT, C, H, D]: zero-padded tokens of the last chunk add nothing to its state and their outputs are cut off
-    qc, kc, vc = (torch.nn.functional.pad(x.to(ct), (0, 0, 0, 0, 0, pad)).reshape(B, NT, C, H, -1) for x in (q, k, v))
-    pos = torch.arange(C, device=q.device, dtype=ct)
-    lengths = torch.full((NT,), C, device=q.device, dtype=ct)
-    lengths[-1] = T - (NT - 1) * C
-    q_decay = torch.exp(-s[None, :] * (pos[:, None] + 1))  # [C, H]: λ^(i+1)
-    # [NT, C, H]: λ^(L_n-1-j); clamp: padded rows (j ≥ L_n) multiply zero keys, keep their factor finite
-    k_decay = torch.exp(-s[None, None, :] * (lengths[:, None, None] - 1 - pos[None, :, None]).clamp_min(0))
-    block_decay = torch.exp(-s[None, :] * lengths[:, None])  # [NT, H]: λ^L_n
-
-    local = torch.einsum("bnjhk,bnjhv->bnhkv", kc * k_decay[None, :, :, :, None], vc)  # [B, NT, H, K, V]
-    boundary = []  # S_{c0-1} of every chunk
-    state = h0
-    for n in range(NT):
-        boundary.append(state)
-        state = block_decay[n][None, :, None, None] * state + local[:, n]
-    boundary = torch.stack(boundary, dim=1)  # [B, NT, H, K, V]
-    o = torch.einsum("bnihk,bnhkv->bnihv", qc * q_decay[None, None, :, :, None], boundary)
-    o = o.reshape(B, NT * C, H, V)[:, :T]
-    return (scale * o).to(q.dtype), state
+    return chunk_lightning_attn(
+        q, k, v, slope, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
+        intra=False,
+    )
 
 
 def _triton_inter():

@@ -118,7 +118,9 @@ def recurrent_lightning_attn(q, k, v, slope=None, *, scale=1.0, initial_state=No
     return (scale * o).to(q.dtype), state
 
 
-def chunk_lightning_attn(q, k, v, slope=None, *, scale=1.0, initial_state=None, cu_seqlens=None, chunk_size=64):
+def chunk_lightning_attn(
+    q, k, v, slope=None, *, scale=1.0, initial_state=None, cu_seqlens=None, chunk_size=64, intra=True
+):
     """Lightning Attention forward, in blocks of ``chunk_size`` tokens (the CPU training path).
 
     For block n with tokens at local positions i, j = 0..L-1 (L = chunk_size, or less for the last block):
@@ -131,10 +133,13 @@ def chunk_lightning_attn(q, k, v, slope=None, *, scale=1.0, initial_state=None, 
     small [K, V] updates. Every decay factor is λ to a non-negative power, so nothing overflows and nothing is
     ever divided by a decayed quantity (strong decay simply underflows to 0).
 
+    ``intra=False`` drops the intra-block term: each token then sees only the state before its block, i.e. the
+    inter-chunk term alone for blocks of ``chunk_size`` tokens (what the hybrid attention of seed 004 needs).
+
     Same arguments and returns as :func:`quadratic_lightning_attn`.
     """
     if cu_seqlens is not None:
-        fn = lambda *a, **kw: chunk_lightning_attn(*a, **kw, chunk_size=chunk_size)  # noqa: E731
+        fn = lambda *a, **kw: chunk_lightning_attn(*a, **kw, chunk_size=chunk_size, intra=intra)  # noqa: E731
         return _per_sequence(fn, q, k, v, slope, scale, initial_state, cu_seqlens)
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -161,15 +166,17 @@ def chunk_lightning_attn(q, k, v, slope=None, *, scale=1.0, initial_state=None, 
     k_decay = torch.exp(-s[None, None, :] * (lengths[:, None, None] - 1 - pos[None, :, None]).clamp_min(0))
     block_decay = torch.exp(-s[None, :] * lengths[:, None])  # [NT, H]: λ^L
 
-    scores = torch.einsum("bnihk,bnjhk->bnhij", qc, kc) * intra_decay  # [B, NT, H, C, C]
-    o = torch.einsum("bnhij,bnjhv->bnihv", scores, vc)
+    if intra:
+        scores = torch.einsum("bnihk,bnjhk->bnhij", qc, kc) * intra_decay  # [B, NT, H, C, C]
+        o = torch.einsum("bnhij,bnjhv->bnihv", scores, vc)
     local_states = torch.einsum("bnjhk,bnjhv->bnhkv", kc * k_decay[None, :, :, :, None], vc)  # [B, NT, H, K, V]
 
     state = h0
-    inter = []
+    inter_terms = []
     for n in range(NT):
-        inter.append(torch.einsum("bihk,bhkv->bihv", qc[:, n] * q_decay[None, :, :, None], state))
+        inter_terms.append(torch.einsum("bihk,bhkv->bihv", qc[:, n] * q_decay[None, :, :, None], state))
         state = block_decay[n][None, :, None, None] * state + local_states[:, n]
-    o = o + torch.stack(inter, dim=1)
+    inter = torch.stack(inter_terms, dim=1)
+    o = o + inter if intra else inter
     o = o.reshape(B, NT * C, H, V)[:, :T]
     return (scale * o).to(q.dtype), state
