@@ -1,0 +1,462 @@
+"""Triton kernels of the SRAM-bounded, recompute-heavy backward ("Lightning-3", seed 003, with decay).
+
+Three sequential sweeps, run side by side by one launch (:func:`recompute_bwd_kernel`), one program per (tile of
+the output's head dim, sequence, head). Each walks its
+sequence in micro-chunks of ``BT`` (CBLOCK, 16 or 32) tokens and carries one d×d state slice in registers; the
+only token×token tiles are the ``[BT, BT]`` diagonal blocks ``Q Kᵀ`` / ``dO Vᵀ``, recomputed on the fly. Nothing
+but the inputs is read and nothing but dq, dk, dv, dh0 is written: no per-chunk state ever reaches HBM.
+
+Notation for one micro-chunk of ``L <= BT`` tokens at local positions i (query) and j (key), λ = exp(-slope):
+
+    forward state   S  (S₋₁ = h0):      S ← λ^L S + Σ_j λ^(L-1-j) k_jᵀ v_j
+    reverse state   R  (R = dht first): R ← λ^L R + scale Σ_i λ^(i+1) q_iᵀ do_i      (dh0 = R at the end)
+    dq_i = scale · [ Σ_{j≤i} λ^(i-j) (do_i·v_j) k_j + λ^(i+1) do_i S_prevᵀ ]
+    dk_j = scale · Σ_{i≥j} λ^(i-j) (v_j·do_i) q_i  + λ^(L-1-j) v_j R_nextᵀ
+    dv_j = scale · Σ_{i≥j} λ^(i-j) (k_j·q_i) do_i  + λ^(L-1-j) k_j R_next
+
+(S_prev: state before the chunk; R_next: reverse state entering from the right, dht for the last chunk.) These
+follow from S_t = λ S_{t-1} + k_tᵀ v_t, o_t = scale q_t S_t with the reverse state G_t = λ G_{t+1} + scale q_tᵀ do_t
+(G_{T-1} = scale q_{T-1}ᵀ do_{T-1} + dht): dq_t = scale do_t S_tᵀ, dk_t = v_t G_tᵀ, dv_t = k_t G_t, dh0 = λ G_0.
+The derivation is in the docstring of :mod:`lightning_attention.ops.lightning.recompute`.
+
+Tiling: dq and dk produce a K-slice and contract over the whole V, so they tile K (``BK``) and hold a transposed
+state slice ``[BV = V padded, BK]``; dv produces a V-slice and contracts over the whole K, so it tiles V (``BV``)
+and holds ``[BK = K padded, BV]``. Every output element is written by exactly one program, in sequence order:
+no atomics, no partial sums.
+
+Numerics: fp32 (fp64 for fp64 inputs, interpreter only) state and accumulators; intra-chunk dots take operands
+in the input dtype; the state operand of the inter-chunk dots is cast to ``STATE_OP`` = bf16 for bf16 inputs and
+kept fp32 otherwise (fp16 would overflow on long sequences without decay), with ``DOT_PRECISION`` "tf32" for
+fp16 inputs and "ieee" for fp32 inputs. The decayed operands are never transposed dot results (the state is
+carried already transposed where a kernel needs Sᵀ), which avoids the Hopper ``tl.trans`` miscompile.
+"""
+
+import triton
+import triton.language as tl
+
+# 1/ln 2: λ^n = exp(-slope·n) = exp2(-slope·RCP_LN2·n), and exp2 is the native instruction
+RCP_LN2 = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _sequence_bounds(cu_seqlens, i_n, T, IS_VARLEN: tl.constexpr):
+    """(batch row, first token, one past the last token) of sequence ``i_n``, all int64."""
+    if IS_VARLEN:
+        i_b = tl.full([], 0, tl.int64)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    else:
+        i_b = tl.cast(i_n, tl.int64)
+        bos = tl.full([], 0, tl.int64)
+        eos = tl.cast(T, tl.int64)
+    return i_b, bos, eos
+
+
+@triton.jit
+def _log2_decay(slope, i_h, ACC: tl.constexpr):
+    """-log2(λ) of head ``i_h`` in the accumulator dtype."""
+    return tl.load(slope + i_h).to(ACC) * RCP_LN2
+
+
+@triton.jit
+def _dq_sweep(
+    i_k,
+    i_nh,
+    k,
+    v,
+    do,
+    h0,
+    slope,
+    cu_seqlens,
+    dq,
+    T,
+    H,
+    stride_k_b,
+    stride_k_t,
+    stride_k_h,
+    stride_v_b,
+    stride_v_t,
+    stride_v_h,
+    stride_do_b,
+    stride_do_t,
+    stride_do_h,
+    scale,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    USE_INITIAL_STATE: tl.constexpr,
+    HAS_DECAY: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    ACC: tl.constexpr,
+    STATE_OP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Forward sweep: recompute S chunk by chunk (fp32, transposed [BV, BK]) and write dq.
+
+    Program (K tile ``i_k``, sequence·head ``i_nh``). k ``[B, T, H, K]``, v and do ``[B, T, H, V]`` (strided,
+    last dim contiguous); h0 ``[N, H, K, V]`` contiguous; dq ``[B, T, H, K]`` contiguous. BV covers all of V
+    (power of two >= V).
+    """
+    i_n, i_h = i_nh // H, i_nh % H
+    i_b, bos, eos = _sequence_bounds(cu_seqlens, i_n, T, IS_VARLEN)
+    i_h64 = tl.cast(i_h, tl.int64)
+
+    o_t = tl.arange(0, BT)
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    causal = o_t[:, None] >= o_t[None, :]  # [BT, BT], i >= j
+
+    p_k0 = k + i_b * stride_k_b + i_h64 * stride_k_h
+    p_v0 = v + i_b * stride_v_b + i_h64 * stride_v_h
+    p_do0 = do + i_b * stride_do_b + i_h64 * stride_do_h
+    p_dq0 = dq + i_b * T * H * K + i_h64 * K
+
+    # b_hT[v, k] = S[k, v]: carried transposed so do @ Sᵀ is a plain dot (no tl.trans of a dot result)
+    b_hT = tl.zeros([BV, BK], dtype=ACC)
+    if USE_INITIAL_STATE:
+        p_h0 = h0 + tl.cast(i_nh, tl.int64) * K * V + o_k[None, :] * V + o_v[:, None]
+        b_hT = tl.load(p_h0, mask=m_v[:, None] & m_k[None, :], other=0.0).to(ACC)
+    if HAS_DECAY:
+        b_c = _log2_decay(slope, i_h, ACC)
+        # [BT, BT] λ^(i-j) on and below the diagonal; the where keeps exp2 of positive powers out
+        b_D = tl.where(causal, tl.exp2(-b_c * tl.maximum(o_t[:, None] - o_t[None, :], 0).to(ACC)), 0.0)
+        b_qdecay = tl.exp2(-b_c * (o_t + 1).to(ACC))  # [BT] λ^(i+1)
+
+    for i_t in range(tl.cdiv(eos - bos, BT)):
+        t0 = bos + tl.cast(i_t, tl.int64) * BT
+        o_tt = t0 + o_t
+        m_t = o_tt < eos
+        b_k = tl.load(p_k0 + o_tt[:, None] * stride_k_t + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
+        b_v = tl.load(p_v0 + o_tt[:, None] * stride_v_t + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
+        b_do = tl.load(p_do0 + o_tt[:, None] * stride_do_t + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
+
+        # intra: dA = dO Vᵀ recomputed [BT, BT], masked and decayed, then dA @ K
+        b_dA = tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PRECISION, out_dtype=ACC)
+        if HAS_DECAY:
+            b_dA = b_dA * b_D
+        else:
+            b_dA = tl.where(causal, b_dA, 0.0)
+        b_dq = tl.dot(b_dA.to(b_k.dtype), b_k, input_precision=DOT_PRECISION, out_dtype=ACC)  # [BT, BK]
+        # inter: λ^(i+1) do_i S_prevᵀ, S_prev taken before this chunk is added (seed 003 counts it twice)
+        b_inter = tl.dot(b_do.to(STATE_OP), b_hT.to(STATE_OP), input_precision=DOT_PRECISION, out_dtype=ACC)
+        if HAS_DECAY:
+            b_inter = b_inter * b_qdecay[:, None]
+        b_dq = (b_dq + b_inter) * scale
+        tl.store(
+            p_dq0 + o_tt[:, None] * H * K + o_k[None, :],
+            b_dq.to(dq.dtype.element_ty),
+            mask=m_t[:, None] & m_k[None, :],
+        )
+
+        # S ← λ^L S + Σ_j λ^(L-1-j) k_jᵀ v_j, as Sᵀ ← λ^L Sᵀ + (λ^(L-1-j) v)ᵀ k
+        if HAS_DECAY:
+            n_valid = tl.minimum(eos - t0, BT)
+            b_kdecay = tl.where(o_t < n_valid, tl.exp2(-b_c * tl.maximum(n_valid - 1 - o_t, 0).to(ACC)), 0.0)
+            b_vd = (b_v.to(ACC) * b_kdecay[:, None]).to(b_v.dtype)
+            b_hT = b_hT * tl.exp2(-b_c * n_valid.to(ACC)) + tl.dot(
+                tl.trans(b_vd), b_k, input_precision=DOT_PRECISION, out_dtype=ACC
+            )
+        else:
+            b_hT += tl.dot(tl.trans(b_v), b_k, input_precision=DOT_PRECISION, out_dtype=ACC)
+
+
+@triton.jit
+def _dk_sweep(
+    i_k,
+    i_nh,
+    q,
+    v,
+    do,
+    dht,
+    slope,
+    cu_seqlens,
+    dk,
+    T,
+    H,
+    stride_q_b,
+    stride_q_t,
+    stride_q_h,
+    stride_v_b,
+    stride_v_t,
+    stride_v_h,
+    stride_do_b,
+    stride_do_t,
+    stride_do_h,
+    scale,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    USE_FINAL_STATE_GRADIENT: tl.constexpr,
+    HAS_DECAY: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    ACC: tl.constexpr,
+    STATE_OP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Reverse sweep for dk: carry Rᵀ (fp32, [BV, BK]) from the last chunk to the first and write dk.
+
+    Program (K tile ``i_k``, sequence·head ``i_nh``). q ``[B, T, H, K]``, v and do ``[B, T, H, V]`` (strided,
+    last dim contiguous); dht ``[N, H, K, V]`` contiguous; dk ``[B, T, H, K]`` contiguous. BV covers all of V.
+    """
+    i_n, i_h = i_nh // H, i_nh % H
+    i_b, bos, eos = _sequence_bounds(cu_seqlens, i_n, T, IS_VARLEN)
+    i_h64 = tl.cast(i_h, tl.int64)
+
+    o_t = tl.arange(0, BT)
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    anticausal = o_t[None, :] >= o_t[:, None]  # [BT(j), BT(i)], i >= j
+
+    p_q0 = q + i_b * stride_q_b + i_h64 * stride_q_h
+    p_v0 = v + i_b * stride_v_b + i_h64 * stride_v_h
+    p_do0 = do + i_b * stride_do_b + i_h64 * stride_do_h
+    p_dk0 = dk + i_b * T * H * K + i_h64 * K
+
+    # b_rT[v, k] = R[k, v], carried transposed so v @ Rᵀ is a plain dot
+    b_rT = tl.zeros([BV, BK], dtype=ACC)
+    if USE_FINAL_STATE_GRADIENT:
+        p_dht = dht + tl.cast(i_nh, tl.int64) * K * V + o_k[None, :] * V + o_v[:, None]
+        b_rT = tl.load(p_dht, mask=m_v[:, None] & m_k[None, :], other=0.0).to(ACC)
+    if HAS_DECAY:
+        b_c = _log2_decay(slope, i_h, ACC)
+        # [BT(j), BT(i)] scale·λ^(i-j) for i >= j
+        b_DT = tl.where(anticausal, tl.exp2(-b_c * tl.maximum(o_t[None, :] - o_t[:, None], 0).to(ACC)), 0.0) * scale
+        b_qdecay = tl.exp2(-b_c * (o_t + 1).to(ACC)) * scale  # [BT] scale·λ^(i+1)
+
+    NT = tl.cdiv(eos - bos, BT)
+    for i_r in range(NT):
+        t0 = bos + (NT - 1 - tl.cast(i_r, tl.int64)) * BT
+        o_tt = t0 + o_t
+        m_t = o_tt < eos
+        b_q = tl.load(p_q0 + o_tt[:, None] * stride_q_t + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
+        b_v = tl.load(p_v0 + o_tt[:, None] * stride_v_t + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
+        b_do = tl.load(p_do0 + o_tt[:, None] * stride_do_t + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
+
+        # intra: dAᵀ[j, i] = v_j·do_i recomputed [BT, BT], masked to i >= j, then dAᵀ @ Q
+        b_dAT = tl.dot(b_v, tl.trans(b_do), input_precision=DOT_PRECISION, out_dtype=ACC)
+        if HAS_DECAY:
+            b_dAT = b_dAT * b_DT
+        else:
+            b_dAT = tl.where(anticausal, b_dAT * scale, 0.0)
+        b_dk = tl.dot(b_dAT.to(b_q.dtype), b_q, input_precision=DOT_PRECISION, out_dtype=ACC)  # [BT, BK]
+        # inter: λ^(L-1-j) v_j R_nextᵀ
+        b_inter = tl.dot(b_v.to(STATE_OP), b_rT.to(STATE_OP), input_precision=DOT_PRECISION, out_dtype=ACC)
+        if HAS_DECAY:
+            n_valid = tl.minimum(eos - t0, BT)
+            b_kdecay = tl.where(o_t < n_valid, tl.exp2(-b_c * tl.maximum(n_valid - 1 - o_t, 0).to(ACC)), 0.0)
+            b_inter = b_inter * b_kdecay[:, None]
+        tl.store(
+            p_dk0 + o_tt[:, None] * H * K + o_k[None, :],
+            (b_dk + b_inter).to(dk.dtype.element_ty),
+            mask=m_t[:, None] & m_k[None, :],
+        )
+
+        # R ← λ^L R + scale Σ_i λ^(i+1) q_iᵀ do_i, as Rᵀ ← λ^L Rᵀ + (scale λ^(i+1) do)ᵀ q
+        if HAS_DECAY:
+            b_dod = (b_do.to(ACC) * b_qdecay[:, None]).to(b_do.dtype)
+            b_rT = b_rT * tl.exp2(-b_c * n_valid.to(ACC)) + tl.dot(
+                tl.trans(b_dod), b_q, input_precision=DOT_PRECISION, out_dtype=ACC
+            )
+        else:
+            b_dod = (b_do.to(ACC) * scale).to(b_do.dtype)
+            b_rT += tl.dot(tl.trans(b_dod), b_q, input_precision=DOT_PRECISION, out_dtype=ACC)
+
+
+@triton.jit
+def _dv_sweep(
+    i_v,
+    i_nh,
+    q,
+    k,
+    do,
+    dht,
+    slope,
+    cu_seqlens,
+    dv,
+    dh0,
+    T,
+    H,
+    stride_q_b,
+    stride_q_t,
+    stride_q_h,
+    stride_k_b,
+    stride_k_t,
+    stride_k_h,
+    stride_do_b,
+    stride_do_t,
+    stride_do_h,
+    scale,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    USE_FINAL_STATE_GRADIENT: tl.constexpr,
+    STORE_INITIAL_STATE_GRADIENT: tl.constexpr,
+    HAS_DECAY: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    ACC: tl.constexpr,
+    STATE_OP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Reverse sweep for dv and dh0: carry R (fp32, [BK, BV]) from the last chunk to the first.
+
+    Program (V tile ``i_v``, sequence·head ``i_nh``). q, k ``[B, T, H, K]``, do ``[B, T, H, V]`` (strided,
+    last dim contiguous); dht, dh0 ``[N, H, K, V]`` contiguous; dv ``[B, T, H, V]`` contiguous. BK covers all of K.
+    """
+    i_n, i_h = i_nh // H, i_nh % H
+    i_b, bos, eos = _sequence_bounds(cu_seqlens, i_n, T, IS_VARLEN)
+    i_h64 = tl.cast(i_h, tl.int64)
+
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    anticausal = o_t[None, :] >= o_t[:, None]  # [BT(j), BT(i)], i >= j
+
+    p_q0 = q + i_b * stride_q_b + i_h64 * stride_q_h
+    p_k0 = k + i_b * stride_k_b + i_h64 * stride_k_h
+    p_do0 = do + i_b * stride_do_b + i_h64 * stride_do_h
+    p_dv0 = dv + i_b * T * H * V + i_h64 * V
+    o_state = tl.cast(i_nh, tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]  # [BK, BV] offsets in [N, H, K, V]
+    m_state = m_k[:, None] & m_v[None, :]
+
+    b_r = tl.zeros([BK, BV], dtype=ACC)  # R[k, v]
+    if USE_FINAL_STATE_GRADIENT:
+        b_r = tl.load(dht + o_state, mask=m_state, other=0.0).to(ACC)
+    if HAS_DECAY:
+        b_c = _log2_decay(slope, i_h, ACC)
+        b_DT = tl.where(anticausal, tl.exp2(-b_c * tl.maximum(o_t[None, :] - o_t[:, None], 0).to(ACC)), 0.0) * scale
+        b_qdecay = tl.exp2(-b_c * (o_t + 1).to(ACC)) * scale  # [BT] scale·λ^(i+1)
+
+    NT = tl.cdiv(eos - bos, BT)
+    for i_r in range(NT):
+        t0 = bos + (NT - 1 - tl.cast(i_r, tl.int64)) * BT
+        o_tt = t0 + o_t
+        m_t = o_tt < eos
+        b_q = tl.load(p_q0 + o_tt[:, None] * stride_q_t + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
+        b_k = tl.load(p_k0 + o_tt[:, None] * stride_k_t + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
+        b_do = tl.load(p_do0 + o_tt[:, None] * stride_do_t + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
+
+        # intra: Aᵀ[j, i] = k_j·q_i recomputed [BT, BT], masked to i >= j, then Aᵀ @ dO
+        b_AT = tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PRECISION, out_dtype=ACC)
+        if HAS_DECAY:
+            b_AT = b_AT * b_DT
+        else:
+            b_AT = tl.where(anticausal, b_AT * scale, 0.0)
+        b_dv = tl.dot(b_AT.to(b_do.dtype), b_do, input_precision=DOT_PRECISION, out_dtype=ACC)  # [BT, BV]
+        # inter: λ^(L-1-j) k_j R_next
+        b_inter = tl.dot(b_k.to(STATE_OP), b_r.to(STATE_OP), input_precision=DOT_PRECISION, out_dtype=ACC)
+        if HAS_DECAY:
+            n_valid = tl.minimum(eos - t0, BT)
+            b_kdecay = tl.where(o_t < n_valid, tl.exp2(-b_c * tl.maximum(n_valid - 1 - o_t, 0).to(ACC)), 0.0)
+            b_inter = b_inter * b_kdecay[:, None]
+        tl.store(
+            p_dv0 + o_tt[:, None] * H * V + o_v[None, :],
+            (b_dv + b_inter).to(dv.dtype.element_ty),
+            mask=m_t[:, None] & m_v[None, :],
+        )
+
+        # R ← λ^L R + (scale λ^(i+1) q)ᵀ do
+        if HAS_DECAY:
+            b_qd = (b_q.to(ACC) * b_qdecay[:, None]).to(b_q.dtype)
+            b_r = b_r * tl.exp2(-b_c * n_valid.to(ACC)) + tl.dot(
+                tl.trans(b_qd), b_do, input_precision=DOT_PRECISION, out_dtype=ACC
+            )
+        else:
+            b_qd = (b_q.to(ACC) * scale).to(b_q.dtype)
+            b_r += tl.dot(tl.trans(b_qd), b_do, input_precision=DOT_PRECISION, out_dtype=ACC)
+
+    if STORE_INITIAL_STATE_GRADIENT:
+        # after chunk 0, R = λ G_0 = dh0 (for an empty sequence: dht, since final_state = h0)
+        tl.store(dh0 + o_state, b_r.to(dh0.dtype.element_ty), mask=m_state)
+
+
+@triton.jit(do_not_specialize=["T"])
+def recompute_bwd_kernel(
+    q,
+    k,
+    v,
+    do,
+    h0,
+    dht,
+    slope,
+    cu_seqlens,
+    dq,
+    dk,
+    dv,
+    dh0,
+    T,
+    H,
+    stride_q_b,
+    stride_q_t,
+    stride_q_h,
+    stride_k_b,
+    stride_k_t,
+    stride_k_h,
+    stride_v_b,
+    stride_v_t,
+    stride_v_h,
+    stride_do_b,
+    stride_do_t,
+    stride_do_h,
+    scale,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    K_PAD: tl.constexpr,
+    V_PAD: tl.constexpr,
+    USE_INITIAL_STATE: tl.constexpr,
+    USE_FINAL_STATE_GRADIENT: tl.constexpr,
+    HAS_DECAY: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    ACC: tl.constexpr,
+    STATE_OP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """The three sweeps in one launch: grid ``(N * H, 2 * cdiv(K, BK) + cdiv(V, BV))``.
+
+    Axis 0 is the sequence·head (axis 0 allows 2^31 - 1 programs, axis 1 only 65,535); axis 1 picks the role:
+    ``[0, NK)`` dq (K tile), ``[NK, 2 NK)`` dk (K tile), ``[2 NK, 2 NK + NV)`` dv and dh0 (V tile). The sweeps
+    share no data, so running them side by side triples the programs in flight where this backward is
+    latency-bound (few sequences × heads, long T).
+
+    q, k ``[B, T, H, K]``, v, do ``[B, T, H, V]`` (strided, last dim contiguous); h0, dht, dh0 ``[N, H, K, V]``
+    contiguous (h0/dht may be None); dq, dk ``[B, T, H, K]``, dv ``[B, T, H, V]`` contiguous. ``BK``/``BV``: the
+    tiles of the dq/dk and dv sweeps; ``K_PAD``/``V_PAD``: K, V padded to powers of two (the untiled dim).
+    """
+    i_nh, i_p = tl.program_id(0), tl.program_id(1)
+    NK: tl.constexpr = (K + BK - 1) // BK
+    if i_p < NK:
+        _dq_sweep(
+            i_p, i_nh, k, v, do, h0, slope, cu_seqlens, dq, T, H,
+            stride_k_b, stride_k_t, stride_k_h, stride_v_b, stride_v_t, stride_v_h,
+            stride_do_b, stride_do_t, stride_do_h, scale,
+            K, V, BT, BK, V_PAD, USE_INITIAL_STATE, HAS_DECAY, IS_VARLEN, ACC, STATE_OP, DOT_PRECISION,
+        )  # fmt: skip
+    elif i_p < 2 * NK:
+        _dk_sweep(
+            i_p - NK, i_nh, q, v, do, dht, slope, cu_seqlens, dk, T, H,
+            stride_q_b, stride_q_t, stride_q_h, stride_v_b, stride_v_t, stride_v_h,
+            stride_do_b, stride_do_t, stride_do_h, scale,
+            K, V, BT, BK, V_PAD, USE_FINAL_STATE_GRADIENT, HAS_DECAY, IS_VARLEN, ACC, STATE_OP, DOT_PRECISION,
+        )  # fmt: skip
+    else:
+        _dv_sweep(
+            i_p - 2 * NK, i_nh, q, k, do, dht, slope, cu_seqlens, dv, dh0, T, H,
+            stride_q_b, stride_q_t, stride_q_h, stride_k_b, stride_k_t, stride_k_h,
+            stride_do_b, stride_do_t, stride_do_h, scale,
+            K, V, BT, K_PAD, BV, USE_FINAL_STATE_GRADIENT, USE_INITIAL_STATE, HAS_DECAY, IS_VARLEN, ACC, STATE_OP,
+            DOT_PRECISION,
+        )  # fmt: skip
