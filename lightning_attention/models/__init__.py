@@ -1,0 +1,1 @@
+"""Models built on Lightning Attention (TransNormerLLM) and the LLaMA baseline they are compared with."""

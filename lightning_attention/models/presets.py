@@ -1,0 +1,73 @@
+"""Named model sizes for the two architectures, and building a model from (arch, config dict).
+
+TNL and LLaMA of one preset share width, depth and heads and have the same parameter count: a TNL token mixer has
+5·d² weights (q, k, v, u, out) and a LLaMA one 4·d² (q, k, v, o), so LLaMA's SwiGLU is d/3 wider than TNL's SGLU
+(both have three d×ffn matrices). :func:`parameter_count` checks it.
+
+========  =====  ======  =====  ========  ==========  =========================================================
+preset    d      layers  heads  TNL glu   LLaMA ffn   use
+========  =====  ======  =====  ========  ==========  =========================================================
+smoke     32     2       2      64        75          CI: a handful of steps in seconds
+tiny      128    4       4      352       395         default of ``lightning-attention train`` (2-core CPU, minutes)
+40m       512    12      8      1408      1579        TNL vs LLaMA comparisons on a GPU (≈42M parameters)
+========  =====  ======  =====  ========  ==========  =========================================================
+"""
+
+from torch import nn
+
+ARCHS = ("tnl", "llama")
+
+PRESETS: dict[str, dict] = {
+    "smoke": dict(d_model=32, n_layers=2, n_heads=2, ffn_dim=64),
+    "tiny": dict(d_model=128, n_layers=4, n_heads=4, ffn_dim=352),
+    "40m": dict(d_model=512, n_layers=12, n_heads=8, ffn_dim=1408),
+}
+
+
+def model_config(arch: str, preset: str = "tiny", vocab_size: int = 256, **overrides) -> dict:
+    """The config dict of ``arch`` at ``preset`` size.
+
+    ``overrides``: ``d_model``, ``n_layers``, ``n_heads``, ``ffn_dim`` (TNL glu width; LLaMA gets ``ffn_dim + d/3``)
+    change the size; any other key is passed to the architecture's config unchanged (e.g. ``decay_recipe``,
+    ``attention_variant``, ``softmax_attention_every`` for TNL). ``None`` values are ignored.
+    """
+    if arch not in ARCHS:
+        raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
+    if preset not in PRESETS:
+        raise ValueError(f"preset must be one of {tuple(PRESETS)}, got {preset!r}")
+    size = dict(PRESETS[preset])
+    extra = {}
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        (size if key in size else extra)[key] = value
+    d, layers, heads, ffn = size["d_model"], size["n_layers"], size["n_heads"], size["ffn_dim"]
+    if arch == "tnl":
+        return dict(vocab_size=vocab_size, decoder_embed_dim=d, decoder_layers=layers, decoder_attention_heads=heads,
+                    hidden_dim=d, glu_dim=ffn, **extra)
+    if extra:
+        raise ValueError(f"options {sorted(extra)} apply to --arch tnl only")
+    return dict(vocab_size=vocab_size, hidden_size=d, num_hidden_layers=layers, num_attention_heads=heads,
+                intermediate_size=ffn + round(d / 3))
+
+
+def model_from_config(arch: str, config: dict) -> nn.Module:
+    """A freshly initialised model of ``arch`` from a config dict (as :func:`model_config` or a checkpoint gives)."""
+    if arch == "tnl":
+        from lightning_attention.models.transnormer import TransNormerConfig, TransNormerForCausalLM
+
+        return TransNormerForCausalLM(TransNormerConfig.from_dict(dict(config)))
+    if arch == "llama":
+        from lightning_attention.models.llama import LlamaConfig, LlamaForCausalLM
+
+        return LlamaForCausalLM(LlamaConfig.from_dict(config))
+    raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
+
+
+def config_dict(model: nn.Module) -> dict:
+    """The serialisable config of a model built by :func:`model_from_config`."""
+    return model.config.to_dict()
+
+
+def parameter_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,318 @@
+"""TransNormerLLM (TNL) in one file: blocks, backbone, causal LM head, weight init, generation hooks.
+
+    x = embed(ids) · √d                                    (unless no_scale_embedding)
+    for each block l:                                      pre-norm
+        x = x + token_mixer_l(SRMSNorm(x))                 TNLAttention (lightning, decay slopes of layer l);
+                                                           LRPE in the layers of linear_use_lrpe_list; optionally a
+                                                           softmax-attention layer every N (MiniMax-01 hybrid)
+        x = x + SGLU_l(SRMSNorm(x))                        l3(l1 x ⊙ l2 x), no activation
+    logits = lm_head(SRMSNorm(x))
+
+State-dict names are those of the released TransNormerLLM checkpoints (see CHECKPOINTS.md): ``model.embed_tokens``,
+``model.layers.{i}.token_mixer.{qkvu_proj,out_proj,lrpe.theta}``, ``model.layers.{i}.channel_mixer.{l1,l2,l3}``,
+``lm_head``; the norms have no weights.
+
+Generation keeps a :class:`TransNormerCache`: one fp32 ``[N, H, K, V]`` state per layer and the position of every
+sequence; a step costs the same at token 10 and at token 10 million. ``attention_mask`` marks padding (left padding
+for generation); ``cu_seqlens`` packs sequences of different lengths into one row for training.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lightning_attention.models.transnormer.cache import TransNormerCache, step_key_mask, step_positions
+from lightning_attention.models.transnormer.config import TransNormerConfig
+from lightning_attention.models.transnormer.hf import (
+    BaseModelOutputWithPast,
+    CausalLMOutputWithPast,
+    GenerationMixin,
+    PreTrainedModel,
+)
+from lightning_attention.nn.lrpe import LRPE
+from lightning_attention.nn.sglu import SGLU
+from lightning_attention.nn.softmax_attention import SoftmaxAttention
+from lightning_attention.nn.srmsnorm import RMSNorm, SRMSNorm
+from lightning_attention.nn.tnl_attention import TNLAttention
+
+IGNORE_INDEX = -100
+
+
+class TransNormerDecoderLayer(nn.Module):
+    """Pre-norm block ``x [B, T, d] -> [B, T, d]``: token mixer then SGLU channel mixer, each with a residual."""
+
+    def __init__(self, config: TransNormerConfig, layer_idx: int, sequence_parallel_group=None):
+        super().__init__()
+        d, eps = config.decoder_embed_dim, config.norm_eps
+        self.is_softmax = config.is_softmax_layer(layer_idx)
+        if self.is_softmax:
+            head_dim = config.hidden_dim // config.decoder_attention_heads
+            rotary = int(head_dim * config.softmax_rotary_fraction) // 2 * 2
+            self.token_mixer = SoftmaxAttention(
+                d, config.decoder_attention_heads, head_dim, layer_idx,
+                rotary_dim=rotary, rope_base=config.rope_theta, bias=config.bias,
+            )
+        else:
+            self.token_mixer = TNLAttention(
+                d, config.hidden_dim, config.decoder_attention_heads, layer_idx, config.decoder_layers,
+                use_lrpe=bool(config.linear_use_lrpe_list[layer_idx]), variant=config.attention_variant,
+                decay=config.decay_recipe, bias=config.bias, norm_eps=eps,
+                sequence_parallel_group=sequence_parallel_group,
+            )
+        self.token_norm = SRMSNorm(d, eps=eps)
+        self.channel_mixer = SGLU(d, config.glu_dim, bias=config.bias)
+        self.channel_norm = SRMSNorm(d, eps=eps)
+
+    def forward(self, x, *, positions, token_mask, key_mask, cache, cu_seqlens) -> torch.Tensor:
+        x = x + self.token_mixer(
+            self.token_norm(x), positions=positions, token_mask=token_mask, key_mask=key_mask, cache=cache,
+            cu_seqlens=cu_seqlens,
+        )
+        return x + self.channel_mixer(self.channel_norm(x))
+
+
+class TransNormerPreTrainedModel(PreTrainedModel):
+    config_class = TransNormerConfig
+    base_model_prefix = "model"
+    _no_split_modules = ["TransNormerDecoderLayer"]
+    _supports_sdpa = True
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        """The one weight-init function of the model (called per module by ``post_init``).
+
+        ====================================  ==================================================================
+        parameter                             initial value
+        ====================================  ==================================================================
+        embed_tokens.weight                   N(0, init_std)            (√d input scale is applied in forward)
+        every nn.Linear weight                N(0, init_std)
+        out_proj, channel_mixer.l3, o_proj    N(0, init_std / √(2L))    residual-branch outputs: GPT-2's scaled
+                                                                        init (Radford et al. 2019, §2.3), so the
+                                                                        residual stream's variance does not grow
+                                                                        with the 2L branches
+        every bias                            0
+        token_mixer.lrpe.theta [H, 1, D]      10000^(-2i / (H·D))        (released TNL LRPE init)
+        RMSNorm.weight (MiniMax variant)      1
+        token_mixer.slope (buffer)            decay recipe (not learned, not saved)
+        ====================================  ==================================================================
+
+        Tensors that transformers already loaded from a checkpoint (``_is_hf_initialized``) are left alone.
+        """
+        std = self.config.init_std
+        fresh = lambda t: not getattr(t, "_is_hf_initialized", False)  # noqa: E731
+        if isinstance(module, nn.Linear):
+            if getattr(module, "_is_residual_projection", False):
+                std = std / math.sqrt(2 * self.config.decoder_layers)
+            if fresh(module.weight):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None and fresh(module.bias):
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            if fresh(module.weight):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, LRPE):
+            if fresh(module.theta):
+                module.reset_parameters()
+        elif isinstance(module, RMSNorm):
+            if fresh(module.weight):
+                nn.init.ones_(module.weight)
+        elif isinstance(module, TNLAttention):
+            module.reset_slope()
+
+
+class TransNormerModel(TransNormerPreTrainedModel):
+    """The TNL backbone: ``input_ids [B, T]`` -> ``last_hidden_state [B, T, d]`` (+ cache).
+
+    Args:
+        config: :class:`TransNormerConfig`.
+        sequence_parallel_group: optional process group; every lightning layer then runs sequence parallel
+            (each rank passes its contiguous slice of the sequence and the matching global ``position_ids``).
+    """
+
+    def __init__(self, config: TransNormerConfig, sequence_parallel_group=None):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.decoder_embed_dim)
+        self.layers = nn.ModuleList(
+            TransNormerDecoderLayer(config, i, sequence_parallel_group) for i in range(config.decoder_layers)
+        )
+        self.final_norm = SRMSNorm(config.decoder_embed_dim, eps=config.norm_eps)
+        self.embed_scale = 1.0 if config.no_scale_embedding else math.sqrt(config.decoder_embed_dim)
+        self.has_softmax_layers = any(layer.is_softmax for layer in self.layers)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embed_tokens = value
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        past_key_values: TransNormerCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ):
+        """Args:
+            input_ids: ``[B, T]`` token ids (or ``inputs_embeds [B, T, d]``).
+            attention_mask: ``[B, T]`` or ``[B, past + T]`` (as ``generate`` passes it), 1 = token, 0 = padding.
+            position_ids: ``[B, T]`` explicit positions (default: per sequence, from the cache and the mask).
+            past_key_values: a :class:`TransNormerCache` to continue from; filled in place.
+            use_cache: return a cache (default: ``config.use_cache`` in eval mode, False in training mode).
+            cu_seqlens: ``[N + 1]`` int offsets of N sequences packed in one row (B == 1); each sequence
+                starts from an empty state (or its own row of the cache) and never sees another.
+
+        Returns:
+            ``BaseModelOutputWithPast(last_hidden_state [B, T, d], past_key_values, hidden_states)``.
+        """
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        x = x * self.embed_scale
+        B, T, _ = x.shape
+        if use_cache is None:
+            use_cache = bool(getattr(self.config, "use_cache", True)) and not self.training
+        cache = past_key_values
+        if cache is None and use_cache:
+            cache = TransNormerCache(len(self.layers))
+        if cu_seqlens is not None:
+            if B != 1 or attention_mask is not None:
+                raise ValueError("cu_seqlens packs sequences into one row: B must be 1 and attention_mask None")
+            if cache is not None and self.has_softmax_layers:
+                raise ValueError("a cache of a hybrid model cannot be filled from packed sequences")
+
+        token_mask = None
+        if attention_mask is not None:
+            current = attention_mask[:, -T:].bool()
+            if not bool(current.all()):  # one host sync; unpadded batches then take the plain paths
+                token_mask = current
+        positions = step_positions(B, T, x.device, position_ids, token_mask, cache, cu_seqlens)
+        key_mask = None
+        if self.has_softmax_layers:
+            key_mask = step_key_mask(B, T, x.device, token_mask, cache)
+
+        hidden_states = [] if output_hidden_states else None
+        for layer in self.layers:
+            if hidden_states is not None:
+                hidden_states.append(x)
+            x = layer(x, positions=positions, token_mask=token_mask, key_mask=key_mask, cache=cache,
+                      cu_seqlens=cu_seqlens)
+        x = self.final_norm(x)
+        if hidden_states is not None:
+            hidden_states.append(x)
+        if cache is not None:
+            cache.seen_tokens += T
+        return BaseModelOutputWithPast(
+            last_hidden_state=x,
+            past_key_values=cache if use_cache or past_key_values is not None else None,
+            hidden_states=tuple(hidden_states) if hidden_states is not None else None,
+        )
+
+
+class TransNormerForCausalLM(TransNormerPreTrainedModel, GenerationMixin):
+    """TNL with a language-model head: ``input_ids [B, T]`` -> ``logits [B, T, vocab]`` (+ loss, cache)."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: TransNormerConfig, sequence_parallel_group=None):
+        super().__init__(config)
+        self.model = TransNormerModel(config, sequence_parallel_group=sequence_parallel_group)
+        self.lm_head = nn.Linear(config.decoder_embed_dim, config.vocab_size, bias=False)
+        self.post_init()
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.lm_head = value
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        past_key_values: TransNormerCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        logits_to_keep: int = 0,
+        **kwargs,
+    ):
+        """Same arguments as :meth:`TransNormerModel.forward`, plus:
+
+        Args:
+            labels: ``[B, T]`` targets aligned with ``input_ids`` (shifted inside: position t predicts t + 1);
+                ``-100`` is ignored. With ``cu_seqlens`` the last token of a sequence never predicts the first of
+                the next. The loss is the mean cross entropy in float32.
+            logits_to_keep: if > 0, logits only for the last ``logits_to_keep`` positions (generation).
+
+        Returns:
+            ``CausalLMOutputWithPast(loss, logits [B, T', vocab], past_key_values, hidden_states)``.
+        """
+        out = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+            past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
+            cu_seqlens=cu_seqlens, output_hidden_states=output_hidden_states,
+        )
+        hidden = out.last_hidden_state
+        if logits_to_keep:
+            hidden = hidden[:, -logits_to_keep:]
+        logits = self.lm_head(hidden)
+        loss = None
+        if labels is not None:
+            loss = causal_lm_loss(logits, labels, cu_seqlens)
+        return CausalLMOutputWithPast(
+            loss=loss, logits=logits, past_key_values=out.past_key_values, hidden_states=out.hidden_states
+        )
+
+    # -- transformers generate() hooks ---------------------------------------------------------------------
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # the model creates its own TransNormerCache on the first forward
+
+    def prepare_inputs_for_generation(
+        self, input_ids, past_key_values=None, attention_mask=None, inputs_embeds=None, use_cache=True, **kwargs
+    ) -> dict:
+        """Feeds only the tokens the cache has not seen; positions come from the cache, not from ``generate``."""
+        seen = past_key_values.get_seq_length() if past_key_values is not None else 0
+        inputs = {"past_key_values": past_key_values, "attention_mask": attention_mask, "use_cache": use_cache}
+        if inputs_embeds is not None and seen == 0:
+            inputs["inputs_embeds"] = inputs_embeds
+        else:
+            inputs["input_ids"] = input_ids[:, seen:]
+        for key in ("output_hidden_states", "return_dict", "logits_to_keep"):
+            if key in kwargs:
+                inputs[key] = kwargs[key]
+        return inputs
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, cu_seqlens: torch.Tensor | None = None):
+    """Mean next-token cross entropy, float32. ``logits [B, T, V]``, ``labels [B, T]`` (unshifted)."""
+    targets = labels[:, 1:].clone()
+    if cu_seqlens is not None:
+        # position cu[i] - 1 is the last token of sequence i - 1: it must not predict the next sequence's start
+        boundary = cu_seqlens[1:-1].to(device=targets.device, dtype=torch.long) - 1
+        boundary = boundary[(boundary >= 0) & (boundary < targets.shape[1])]
+        targets[:, boundary] = IGNORE_INDEX
+    return F.cross_entropy(
+        logits[:, :-1].float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX
+    )

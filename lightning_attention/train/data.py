@@ -1,0 +1,140 @@
+"""Training text, its split, and a resumable batch order.
+
+Sources (:func:`load_text`):
+
+- default: the text of Python's own documentation topics (``pydoc_data.topics``, ~465 KB, in every CPython install);
+- ``stdlib``: the source of Python's standard library (every ``*.py`` under ``sysconfig``'s stdlib path, sorted; about
+  30 MB) — a larger offline corpus for model comparisons on machines that cannot download one;
+- a path to a UTF-8 text file;
+- ``hf:NAME[:CONFIG]``: a Hugging Face dataset (needs the ``datasets`` package, not a dependency of this library).
+
+Batches are non-overlapping windows of ``context + 1`` tokens. Each epoch visits the windows of the training split
+in a random order drawn from ``seed + epoch``; the loader's whole state is ``(epoch, index)``, so a resumed run
+sees exactly the batches the uninterrupted run would have seen. Under DDP every rank takes its own slice of each
+global batch.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+
+def load_text(source: str | None = None, *, text_field: str = "text", split: str = "train",
+              max_chars: int | None = None) -> str:
+    """The training text of ``source`` (``None`` / "pydoc": Python's documentation topics; "stdlib"; a file path;
+    "hf:NAME[:CONFIG]"), optionally truncated to ``max_chars``."""
+    if source is None or source == "pydoc":
+        import pydoc_data.topics
+
+        topics = pydoc_data.topics.topics
+        text = "\n\n".join(topics[name] for name in sorted(topics))
+    elif source == "stdlib":
+        import pathlib
+        import sysconfig
+
+        root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+        files = sorted(p for p in root.rglob("*.py") if not {"site-packages", "dist-packages"} & set(p.parts))
+        text = "\n\n".join(p.read_text(encoding="utf-8", errors="replace") for p in files)
+    elif source.startswith("hf:"):
+        try:
+            import datasets
+        except ImportError as e:
+            raise ImportError("hf:NAME datasets need the `datasets` package: pip install datasets") from e
+        name, _, config = source[3:].partition(":")
+        ds = datasets.load_dataset(name, config or None, split=split, streaming=True)
+        parts, total = [], 0
+        for row in ds:
+            parts.append(row[text_field])
+            total += len(parts[-1])
+            if max_chars is not None and total >= max_chars:
+                break
+        text = "\n\n".join(parts)
+    else:
+        with open(source, encoding="utf-8") as f:
+            text = f.read()
+    if max_chars is not None:
+        text = text[:max_chars]
+    if not text:
+        raise ValueError(f"the training text from {source or 'pydoc_data.topics'} is empty")
+    return text
+
+
+def split_tokens(tokens: torch.Tensor, val_fraction: float, context: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Splits ``tokens [N]`` into (train, validation); validation is the tail, at least one window long."""
+    n_val = max(int(len(tokens) * val_fraction), context + 1)
+    if len(tokens) - n_val < context + 1:
+        raise ValueError(f"text too short: {len(tokens)} tokens for context {context} plus a validation split")
+    return tokens[:-n_val], tokens[-n_val:]
+
+
+@dataclass
+class LoaderState:
+    epoch: int = 0
+    index: int = 0  # next window (in the epoch's order) of the next global batch
+
+
+class WindowLoader:
+    """Random non-overlapping windows, resumable.
+
+    Args:
+        tokens: ``[N]`` int token ids of the training split.
+        context: tokens per training sequence (a window has ``context + 1``: inputs and shifted targets).
+        batch_size: sequences per rank per step; rank, world_size: this process's share of a global batch.
+        seed: the epoch permutations are drawn from ``seed + epoch``.
+
+    ``next_batch() -> [batch_size, context + 1]`` int64.
+    """
+
+    def __init__(self, tokens, context: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
+        self.tokens = tokens
+        self.context = context
+        self.batch_size = batch_size
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.num_windows = (len(tokens) - 1) // context
+        self.global_batch = batch_size * world_size
+        if self.num_windows < self.global_batch:
+            raise ValueError(
+                f"{self.num_windows} windows of {context} tokens cannot fill a global batch of {self.global_batch}"
+            )
+        self.state = LoaderState()
+        self._order_epoch, self._order = -1, None
+
+    def _epoch_order(self) -> torch.Tensor:
+        if self._order_epoch != self.state.epoch:
+            g = torch.Generator().manual_seed(self.seed + self.state.epoch)
+            self._order = torch.randperm(self.num_windows, generator=g)
+            self._order_epoch = self.state.epoch
+        return self._order
+
+    def next_batch(self) -> torch.Tensor:
+        if self.state.index + self.global_batch > self.num_windows:  # drop the ragged end of an epoch
+            self.state = LoaderState(self.state.epoch + 1, 0)
+        order = self._epoch_order()
+        lo = self.state.index + self.rank * self.batch_size
+        starts = order[lo : lo + self.batch_size] * self.context
+        self.state.index += self.global_batch
+        offsets = torch.arange(self.context + 1)
+        return self.tokens[starts[:, None] + offsets[None, :]].long()
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.state.epoch, "index": self.state.index}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.state = LoaderState(int(d["epoch"]), int(d["index"]))
+
+
+def validation_batches(tokens, context: int, batch_size: int, max_batches: int, rank: int = 0, world_size: int = 1):
+    """Fixed validation windows (the first ``max_batches · batch_size · world`` of the split), this rank's share.
+
+    Returns a list of ``[b, context + 1]`` int64 tensors (the last may be smaller; possibly empty on some ranks).
+    """
+    n = min((len(tokens) - 1) // context, max_batches * batch_size * world_size)
+    mine = list(range(rank, n, world_size))
+    offsets = torch.arange(context + 1)
+    out = []
+    for i in range(0, len(mine), batch_size):
+        starts = torch.tensor(mine[i : i + batch_size]) * context
+        out.append(tokens[starts[:, None] + offsets[None, :]].long())
+    return out
