@@ -4,7 +4,8 @@ With no arguments it trains the ``tiny`` TNL on Python's own documentation (``py
 tokenizer — a few minutes on a 2-core CPU, falling loss visible in the progress bar — and saves
 ``checkpoints/tnl/checkpoint.pt``; ``lightning-attention generate --checkpoint checkpoints/tnl`` then samples from it.
 ``--smoke`` runs a handful of steps in seconds (CI). On a GPU the same command uses the Triton kernels and bf16
-autocast; ``torchrun --nproc-per-node N -m lightning_attention train ...`` trains data parallel.
+autocast; ``torchrun --nproc-per-node N -m lightning_attention train ...`` trains data parallel, and
+``--sequence-parallel S`` splits every sequence over groups of S ranks (LASP-2 style), composed with data parallel.
 """
 
 import argparse
@@ -44,6 +45,7 @@ _HELP = {
     "device": "auto | cpu | cuda",
     "threads": "CPU threads (1 by default: faster than 2 for the small CPU models when cores are shared)",
     "dtype": "auto (bf16 autocast on cuda, float32 on cpu) | float32 | bfloat16",
+    "sequence_parallel": "under torchrun: ranks that split each sequence along T (TNL; world = sp x data-parallel)",
 }
 _CHOICES = {"arch": ["tnl", "llama"], "preset": ["smoke", "tiny", "40m"], "decay_recipe": ["tnl", "paper"],
             "attention_variant": ["tnl", "minimax"], "dtype": ["auto", "float32", "bfloat16", "float16"]}

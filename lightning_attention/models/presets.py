@@ -51,12 +51,19 @@ def model_config(arch: str, preset: str = "tiny", vocab_size: int = 256, **overr
                 intermediate_size=ffn + round(d / 3))
 
 
-def model_from_config(arch: str, config: dict) -> nn.Module:
-    """A freshly initialised model of ``arch`` from a config dict (as :func:`model_config` or a checkpoint gives)."""
+def model_from_config(arch: str, config: dict, sequence_parallel_group=None) -> nn.Module:
+    """A freshly initialised model of ``arch`` from a config dict (as :func:`model_config` or a checkpoint gives).
+
+    ``sequence_parallel_group`` (TNL only): every lightning layer then runs sequence parallel over that group.
+    """
     if arch == "tnl":
         from lightning_attention.models.transnormer import TransNormerConfig, TransNormerForCausalLM
 
-        return TransNormerForCausalLM(TransNormerConfig.from_dict(dict(config)))
+        return TransNormerForCausalLM(
+            TransNormerConfig.from_dict(dict(config)), sequence_parallel_group=sequence_parallel_group
+        )
+    if sequence_parallel_group is not None:
+        raise ValueError(f"sequence parallelism needs the lightning-attention arch 'tnl', got {arch!r}")
     if arch == "llama":
         from lightning_attention.models.llama import LlamaConfig, LlamaForCausalLM
 

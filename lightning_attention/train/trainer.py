@@ -2,7 +2,9 @@
 
 One code path for every device: on a CPU the lightning layers run the PyTorch chunked op, on CUDA the Triton kernels
 (with bf16 autocast); under ``torchrun`` the model is wrapped in DistributedDataParallel and every rank reads its own
-slice of each global batch. Loss is next-byte cross entropy in nats; validation loss is measured on a fixed tail of
+slice of each global batch; with ``sequence_parallel = N`` every group of N consecutive ranks shares one batch and
+splits its sequences along T (lightning layers run :func:`lightning_attention.distributed.lightning_attn_sp`), the
+groups themselves being data parallel. Loss is next-byte cross entropy in nats; validation loss is measured on a fixed tail of
 the text every ``eval_every`` steps and at the end. A checkpoint (see :mod:`lightning_attention.train.checkpoint`)
 is written every ``save_every`` steps and at the end; ``resume=True`` continues from it bit for bit (same batches,
 same RNG, same optimizer state, same learning-rate schedule).
@@ -65,6 +67,9 @@ class TrainConfig:
     # CPU gain little from a second thread, and OpenMP's spin-waiting made 2 threads 10-25x slower per step than 1
     # on the shared 2-core CI machine (0.18 s vs 2-4.7 s per step of the tiny preset, measured side by side).
     threads: int | None = 1
+    # Under torchrun: ranks per sequence-parallel group (TNL without softmax layers). The world size must be a
+    # multiple; world / sequence_parallel groups then train data parallel.
+    sequence_parallel: int = 1
 
     @classmethod
     def smoke(cls, **overrides) -> "TrainConfig":
@@ -123,14 +128,29 @@ def _optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimize
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
 
 
-def lm_loss(model, batch: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross entropy of ``batch [B, T + 1]`` (inputs ``[:, :-1]``, targets ``[:, 1:]``), float32."""
-    logits = model(batch[:, :-1], use_cache=False).logits
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+def lm_loss(model, batch: torch.Tensor, sp_group=None) -> torch.Tensor:
+    """Mean next-token cross entropy of ``batch [B, T + 1]`` (inputs ``[:, :-1]``, targets ``[:, 1:]``), float32.
+
+    With a sequence-parallel group, this rank sees its slice of T (targets shifted before slicing, LRPE given the
+    global positions) and returns its summed loss over 1/sp of the batch's tokens: the mean of these over the group
+    is the batch's mean loss, and so is the gradient average that DDP takes over all ranks.
+    """
+    inputs, targets, positions = batch[:, :-1], batch[:, 1:], None
+    denominator = targets.numel()
+    if sp_group is not None:
+        from lightning_attention.distributed import shard_sequence
+
+        B, T = inputs.shape
+        positions = torch.arange(T, device=batch.device).expand(B, T)
+        inputs, targets, positions = (shard_sequence(x, sp_group) for x in (inputs, targets, positions))
+        denominator = denominator / torch.distributed.get_world_size(sp_group)
+    logits = model(inputs, position_ids=positions, use_cache=False).logits
+    loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum")
+    return loss / denominator
 
 
 @torch.no_grad()
-def evaluate(model, batches, device, autocast, info) -> float:
+def evaluate(model, batches, device, autocast, info, sp_group=None) -> float:
     """Token-weighted mean validation loss over this rank's batches, summed over ranks."""
     was_training = model.training
     model.eval()
@@ -138,8 +158,8 @@ def evaluate(model, batches, device, autocast, info) -> float:
     for batch in batches:
         batch = batch.to(device)
         with autocast:
-            loss = lm_loss(model, batch)
-        n = batch[:, 1:].numel()
+            loss = lm_loss(model, batch, sp_group)
+        n = batch[:, 1:].numel() / (1 if sp_group is None else torch.distributed.get_world_size(sp_group))
         totals += torch.tensor([loss.item() * n, n], dtype=torch.float64, device=device)
     dist_utils.all_reduce_sum(totals, info)
     model.train(was_training)
@@ -159,6 +179,22 @@ def train(cfg: TrainConfig) -> TrainResult:
         dist_utils.teardown(info)
 
 
+def _sequence_parallel(cfg: TrainConfig, info: dist_utils.DistInfo):
+    """``(sp_group, dp_rank, dp_world)``: the sequence-parallel group (None without it) and this rank's place among
+    the data-parallel replicas (each group of ``sequence_parallel`` consecutive ranks is one replica)."""
+    sp = cfg.sequence_parallel
+    if sp == 1:
+        return None, info.rank, info.world_size
+    if cfg.arch != "tnl" or cfg.softmax_attention_every:
+        raise ValueError("--sequence-parallel needs --arch tnl without softmax layers (--softmax-attention-every)")
+    if sp < 1 or info.world_size % sp != 0:
+        raise ValueError(f"--sequence-parallel must divide the number of processes {info.world_size}, got {sp}")
+    from lightning_attention.distributed import init_sequence_parallel
+
+    sp_group, _ = init_sequence_parallel(sp)
+    return sp_group, info.rank // sp, info.world_size // sp
+
+
 def _train(cfg: TrainConfig, info: dist_utils.DistInfo) -> TrainResult:
     device = _device(cfg, info)
     torch.manual_seed(cfg.seed)
@@ -166,15 +202,15 @@ def _train(cfg: TrainConfig, info: dist_utils.DistInfo) -> TrainResult:
     text = load_text(cfg.data, text_field=cfg.text_field, max_chars=cfg.max_chars)
     tokens = tokenizer.encode_tensor(text)  # uint8: one byte of memory per token
     train_tokens, val_tokens = split_tokens(tokens, cfg.val_fraction, cfg.context)
-    loader = WindowLoader(train_tokens, cfg.context, cfg.batch_size, cfg.seed, info.rank, info.world_size)
-    val_sets = validation_batches(val_tokens, cfg.context, cfg.batch_size, cfg.eval_batches, info.rank,
-                                  info.world_size)
+    sp_group, dp_rank, dp_world = _sequence_parallel(cfg, info)
+    loader = WindowLoader(train_tokens, cfg.context, cfg.batch_size, cfg.seed, dp_rank, dp_world)
+    val_sets = validation_batches(val_tokens, cfg.context, cfg.batch_size, cfg.eval_batches, dp_rank, dp_world)
 
     arch_options = dict(decay_recipe=cfg.decay_recipe, attention_variant=cfg.attention_variant,
                         softmax_attention_every=cfg.softmax_attention_every) if cfg.arch == "tnl" else {}
     mconf = model_config(cfg.arch, cfg.preset, tokenizer.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers,
                          n_heads=cfg.n_heads, ffn_dim=cfg.ffn_dim, **arch_options)
-    model = model_from_config(cfg.arch, mconf).to(device)
+    model = model_from_config(cfg.arch, mconf, sequence_parallel_group=sp_group).to(device)
     model_config_saved = model.config.to_dict()
     optimizer = _optimizer(model, cfg)
     result = TrainResult(step=0, parameters=parameter_count(model))
@@ -216,7 +252,8 @@ def _train(cfg: TrainConfig, info: dist_utils.DistInfo) -> TrainResult:
     if info.is_main:
         say(f"{cfg.arch}: {result.parameters / 1e6:.2f}M parameters on {device} "
             f"({info.world_size} process{'es' if info.world_size > 1 else ''}), {len(train_tokens):,} training "
-            f"tokens, context {cfg.context}, batch {cfg.batch_size * info.world_size}, "
+            f"tokens, context {cfg.context}, batch {cfg.batch_size * dp_world}"
+            f"{f', sequence parallel over {cfg.sequence_parallel} ranks' if sp_group is not None else ''}, "
             f"steps {result.step}->{cfg.steps}")
     bar = tqdm(total=cfg.steps, initial=result.step, disable=not (cfg.progress and info.is_main), desc="train",
                unit="step", dynamic_ncols=True)
@@ -229,7 +266,7 @@ def _train(cfg: TrainConfig, info: dist_utils.DistInfo) -> TrainResult:
             group["lr"] = learning_rate(cfg, step)
         batch = loader.next_batch().to(device, non_blocking=True)
         with autocast:
-            loss = lm_loss(net, batch)
+            loss = lm_loss(net, batch, sp_group)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.grad_clip > 0:
@@ -240,12 +277,12 @@ def _train(cfg: TrainConfig, info: dist_utils.DistInfo) -> TrainResult:
             loss_value = float(dist_utils.all_reduce_sum(loss.detach().clone(), info)) / info.world_size
         result.train_losses.append(loss_value)
         result.step += 1
-        tokens_seen += batch[:, 1:].numel() * info.world_size
+        tokens_seen += batch[:, 1:].numel() * dp_world
         bar.update(1)
         bar.set_postfix(loss=f"{loss_value:.3f}", lr=f"{learning_rate(cfg, step):.2e}")
         last = result.step == end
         if (cfg.eval_every and result.step % cfg.eval_every == 0) or last:
-            val = evaluate(net, val_sets, device, autocast, info)
+            val = evaluate(net, val_sets, device, autocast, info, sp_group)
             result.val_losses.append((result.step, val))
             if info.is_main:
                 say(f"step {result.step}: train loss {loss_value:.4f}, val loss {val:.4f}")
