@@ -94,6 +94,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                 help=f"our variants: {','.join(OURS)} (Triton chunk / recompute backward, PyTorch path)",
             )
             p.add_argument("--tokens", type=int, default=65536, help="token budget per call of grid (a)")
+            p.add_argument(
+                "--seqlens", type=_int_list, default=None, help="override the grid's sequence lengths (e.g. 2048,32768)"
+            )
         elif name == "decode":
             p.add_argument("--batches", type=_int_list, default=None, help="default 1,8,64,256")
             p.add_argument("--memory-tokens", type=_int_list, default=None, help="default 1024,1048576")

@@ -258,9 +258,11 @@ def _shape_sets(args) -> list[tuple[int, ShapeSet]]:
             if args.quick:
                 sets.append((dim, providers.quick_grid_a(dim) if g == "a" else providers.quick_grid_b(dim)))
             elif g == "a":
-                sets.append((dim, providers.grid_a(dim, args.tokens)))
+                seqlens = args.seqlens or providers.GRID_A_SEQLENS
+                sets.append((dim, providers.grid_a(dim, args.tokens, seqlens=tuple(seqlens))))
             else:
-                sets.append((dim, providers.grid_b(dim)))
+                seqlens = args.seqlens or providers.GRID_B_SEQLENS
+                sets.append((dim, providers.grid_b(dim, seqlens=tuple(seqlens))))
     return sets
 
 

@@ -16,7 +16,7 @@ from lightning_attention.nn.hybrid_attention import HybridChunkAttention
 from lightning_attention.ops import feature_naive
 from lightning_attention.ops.hybrid import HybridDecodeState, hybrid_chunk_attn, hybrid_chunk_attn_decode
 from lightning_attention.ops.lightning import naive
-from lightning_attention.ops.lightning.inter import lightning_attn_inter
+from lightning_attention.ops.lightning.inter import lightning_attn_inter, triton_supports_chunk_size
 from lightning_attention.utils.testing import assert_close
 
 F64 = torch.float64
@@ -125,13 +125,19 @@ def _triton_inter_available() -> bool:
     return hasattr(module, "lightning_attn_inter_triton")
 
 
-@pytest.mark.skipif(not _triton_inter_available(), reason="chunk.py does not provide lightning_attn_inter_triton yet")
+@pytest.mark.skipif(not _triton_inter_available(), reason="chunk.py does not provide lightning_attn_inter_triton")
 @pytest.mark.parametrize("case", INTER_CASES[:2] + INTER_CASES[3:], ids=_inter_case_id)
 def test_inter_triton_path(case, monkeypatch):
-    """The Triton inter-only mode through the dispatcher (under the interpreter on CPU)."""
+    """The Triton inter-only mode through the dispatcher (under the interpreter on CPU); chunk sizes the kernel
+    cannot walk (here 8) take the PyTorch path, and must still be right."""
     monkeypatch.setenv("LIGHTNING_ATTENTION_BACKEND", "triton")
     assert os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
+    calls = []
+    chunk = importlib.import_module("lightning_attention.ops.lightning.chunk")
+    original = chunk.lightning_attn_inter_triton
+    monkeypatch.setattr(chunk, "lightning_attn_inter_triton", lambda *a, **kw: calls.append(1) or original(*a, **kw))
     _check_inter(lightning_attn_inter, case)
+    assert bool(calls) == triton_supports_chunk_size(case[5])
 
 
 def test_inter_plus_intra_is_lightning_attn():

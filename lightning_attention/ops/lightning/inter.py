@@ -11,8 +11,9 @@ Adding the intra-chunk part ``scale · Σ_{c0≤s≤t} λ^(t-s) (q_t·k_s) v_s``
 attention of seed 004 (:mod:`lightning_attention.ops.hybrid`) replaces that intra part with softmax attention.
 
 Backends (``LIGHTNING_ATTENTION_BACKEND``, :mod:`lightning_attention.backend`): the Triton kernels'
-``lightning_attention.ops.lightning.chunk.lightning_attn_inter_triton`` when the backend resolves to Triton and that
-function exists; the PyTorch path :func:`inter_lightning_attn_torch` otherwise (CPU, backend ``torch``).
+``lightning_attention.ops.lightning.chunk.lightning_attn_inter_triton`` when the backend resolves to Triton and
+``chunk_size`` is a multiple of 16 up to 256 (the kernel's chunk tile); the PyTorch path
+:func:`inter_lightning_attn_torch` otherwise (CPU, backend ``torch``, other chunk sizes).
 """
 
 import torch
@@ -48,6 +49,12 @@ def inter_lightning_attn_torch(q, k, v, slope=None, *, chunk_size, scale=1.0, in
         q, k, v, slope, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
         intra=False,
     )
+
+
+def triton_supports_chunk_size(chunk_size: int) -> bool:
+    """The Triton inter-only mode walks chunks of exactly ``chunk_size`` tokens: a multiple of 16 up to 256
+    (tensor-core tiles). Other sizes take the PyTorch path on every device."""
+    return chunk_size % 16 == 0 and 16 <= chunk_size <= 256
 
 
 def _triton_inter():
@@ -91,7 +98,7 @@ def lightning_attn_inter(
         cu_seqlens=cu_seqlens, cu_seqlens_cpu=None, backward="auto",
     )
     chunk_size = check_chunk_size(chunk_size)
-    if use_triton(q):
+    if use_triton(q) and triton_supports_chunk_size(chunk_size):
         fn = _triton_inter()
         if fn is not None:
             return fn(

@@ -1,0 +1,94 @@
+"""Launch-configuration sweep of the chunk walk on a GPU: one subprocess per pinned configuration.
+
+For each (BT, BV, num_warps, num_stages) and bf16 inter-product mode, a child process pins the configuration with
+``LIGHTNING_ATTENTION_KERNEL_CONFIG``, times the forward and forward + backward at one shape
+(``triton.testing.do_bench`` medians) and reports registers / spills / shared memory of the compiled walk kernels.
+
+    python benchmarks/chunk_sweep.py --B 16 --T 4096 --out benchmarks/results/chunk_sweep_h100.json
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+CONFIGS = [
+    "BT=64,BV=64,num_warps=4,num_stages=2",
+    "BT=64,BV=64,num_warps=8,num_stages=2",
+    "BT=64,BV=32,num_warps=4,num_stages=2",
+    "BT=64,BV=128,num_warps=8,num_stages=2",
+    "BT=32,BV=64,num_warps=4,num_stages=2",
+    "BT=64,BV=64,num_warps=4,num_stages=1",
+    "BT=128,BV=64,num_warps=8,num_stages=2",
+]
+
+
+def child(B: int, T: int, H: int, D: int) -> dict:
+    import torch
+    import triton
+
+    import lightning_attention as la
+    from lightning_attention.ops.lightning.kernels import walk
+
+    slope = la.tnl_slopes(H, 0, 12).cuda()
+    q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    do = torch.randn_like(q)
+
+    def fwd():
+        with torch.no_grad():
+            return la.lightning_attn(q, k, v, slope)
+
+    def fwd_bwd():
+        o, _ = la.lightning_attn(q, k, v, slope)
+        return torch.autograd.grad(o, (q, k, v), do)
+
+    fwd_bwd()
+    res = {
+        "fwd_ms": triton.testing.do_bench(fwd, warmup=25, rep=100),
+        "fwd_bwd_ms": triton.testing.do_bench(fwd_bwd, warmup=25, rep=100),
+    }
+    kernels = []
+    try:
+        for cache in walk._walk_kernel.device_caches.values():
+            for compiled in cache[0].values():
+                kernels.append(
+                    {"n_regs": compiled.n_regs, "n_spills": compiled.n_spills, "shared": compiled.metadata.shared}
+                )
+    except Exception as e:  # introspection differs across Triton versions: report, do not fail
+        kernels.append({"error": repr(e)})
+    res["kernels"] = kernels
+    return res
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--B", type=int, default=16)
+    parser.add_argument("--T", type=int, default=4096)
+    parser.add_argument("--H", type=int, default=16)
+    parser.add_argument("--D", type=int, default=128)
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--child", action="store_true")
+    args = parser.parse_args()
+    if args.child:
+        print("RESULT " + json.dumps(child(args.B, args.T, args.H, args.D)))
+        return 0
+    rows = []
+    for inter in ("tf32", "input"):
+        for cfg in CONFIGS:
+            env = dict(os.environ, LIGHTNING_ATTENTION_KERNEL_CONFIG=cfg, LIGHTNING_ATTENTION_BF16_INTER=inter)
+            cmd = [sys.executable, __file__, "--child", f"--B={args.B}", f"--T={args.T}", f"--H={args.H}", f"--D={args.D}"]
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+            line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+            row = {"config": cfg, "inter": inter}
+            row.update(json.loads(line[0][7:]) if line else {"error": proc.stderr[-800:]})
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"B": args.B, "T": args.T, "H": args.H, "D": args.D, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

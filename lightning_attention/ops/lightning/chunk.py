@@ -1,0 +1,601 @@
+"""Triton path of :func:`lightning_attention.lightning_attn`: launchers, ``torch.library`` ops and the autograd Function.
+
+Every pass is one run of the chunk walk (:mod:`lightning_attention.ops.lightning.kernels.walk`), which keeps the
+[K, BV] fp32 state of one (segment, head, V tile) on chip while it walks the segment's chunks:
+
+- forward: ``o`` (and the final state) in one walk over q, k, v;
+- backward: ``dq`` = the forward walk of (do, v, k) from h0ᵀ; ``dv``, ``dk`` = reverse walks of (k, q, do) and
+  (v, do, q) through the reverse-time state G_t = λ G_{t+1} + scale·q_tᵀ do_t (G_{T-1} includes dht);
+  ``dh0`` = λ·G_0. Derivation, FLOP and byte counts: ``ops/lightning/README.md``.
+
+Nothing per chunk is ever written to memory. When (sequences × heads × V tiles) would not fill the GPU (long
+sequences, small batch), each sequence is cut into segments: a pre-pass computes every segment's local state from
+(k, v) in parallel, a short decayed scan turns them into incoming states, and the walk then runs all segments in
+parallel. The segment-state buffer ([segments, H, K, V] fp32) is kept within 25% of one input tensor and lives only
+for the duration of one pass; the backward keeps nothing from the forward but its inputs (no per-chunk states).
+
+Environment:
+
+``LIGHTNING_ATTENTION_SEGMENT_LEN``
+    Force segments of this many tokens (a multiple of 16; ``0`` disables segmentation). Default: segments only on
+    CUDA, and only when the grid would have fewer than 2 programs per SM. Tests use it to run the segmented path
+    at small T under the interpreter. Varlen batches are segmented only when ``cu_seqlens_cpu`` is given (cutting
+    sequences needs their lengths on the host, and a device->host copy would synchronise).
+``LIGHTNING_ATTENTION_KERNEL_CONFIG``
+    Pin one launch configuration, see :mod:`lightning_attention.ops.lightning.kernels.configs`.
+``LIGHTNING_ATTENTION_BF16_INTER``
+    ``input`` (default) or ``tf32``: operand precision of the inter-chunk product (λq)·S for bf16 inputs.
+"""
+
+import contextlib
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from lightning_attention.ops.lightning import naive
+from lightning_attention.ops.lightning.kernels.configs import padded_dim
+from lightning_attention.ops.lightning.kernels.walk import (
+    lightning_scan_kernel,
+    lightning_walk_fixed_bt_kernel,
+    lightning_walk_kernel,
+)
+
+ENV_SEGMENT_LEN = "LIGHTNING_ATTENTION_SEGMENT_LEN"
+MAX_HEAD_DIM = 256
+# the backward="auto" rule: the chunk backward wants >= 128 KB of shared memory per block (DESIGN §2)
+CHUNK_BACKWARD_MIN_SHARED = 128 * 1024
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# segment plan
+
+
+@dataclass(frozen=True)
+class SegmentPlan:
+    """How the sequences are cut into the walk's work items.
+
+    varlen: 0 = fixed-length batch (segments of ``seg_len`` tokens, ``per_seq`` per sequence), 1 = packed sequences
+    one segment each (read from cu_seqlens on the device), 2 = packed sequences cut on the host (``seg_table``
+    [total, 4] int32 = (n, bos, eos, flags) and ``seq_segs`` [N + 1] int32).
+    """
+
+    varlen: int
+    segmented: bool
+    total: int  # number of work items (segments over all sequences)
+    per_seq: int = 1
+    seg_len: int = 0
+    seg_table: torch.Tensor | None = None
+    seq_segs: torch.Tensor | None = None
+    cu_seqlens: torch.Tensor | None = None
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _segment_len(x: torch.Tensor, lengths_total: int, num_seqs: int, H: int, DV: int) -> int:
+    """Tokens per segment (0: do not segment). Forced by ``LIGHTNING_ATTENTION_SEGMENT_LEN``, else from the GPU."""
+    forced = os.environ.get(ENV_SEGMENT_LEN, "").strip()
+    if forced:
+        n = int(forced)
+        if n < 0 or n % 16:
+            raise ValueError(f"{ENV_SEGMENT_LEN} must be 0 or a positive multiple of 16, got {n}")
+        return n
+    if not x.is_cuda or num_seqs == 0:
+        return 0
+    target = 2 * _sm_count(x.device.index if x.device.index is not None else torch.cuda.current_device())
+    programs = num_seqs * H * triton.cdiv(DV, 64)
+    if programs >= target:
+        return 0
+    # a segment's fp32 state (4·K·V bytes) must stay within 25% of its q tile (seg·K·elem bytes): seg >= 16·V/elem
+    min_len = max(256, 16 * DV // x.element_size())
+    want = triton.cdiv(lengths_total, triton.cdiv(target, H * triton.cdiv(DV, 64)))
+    return triton.cdiv(max(want, min_len), 64) * 64
+
+
+def _aligned(seg: int, align: int) -> int:
+    return triton.cdiv(seg, align) * align if align else seg
+
+
+def plan_segments(q, v, cu_seqlens, cu_seqlens_cpu, align: int = 0) -> SegmentPlan:
+    """The work items of a call: never a device->host copy (varlen segments only from ``cu_seqlens_cpu``).
+
+    ``align``: segments are a multiple of this many tokens (the inter-only mode's chunk size).
+    """
+    B, T, H, _ = q.shape
+    DV = v.shape[-1]
+    if cu_seqlens is None:
+        seg = _aligned(_segment_len(q, B * T, B, H, DV), align)
+        if seg == 0 or T <= seg:
+            return SegmentPlan(varlen=0, segmented=False, total=B, per_seq=1, seg_len=max(T, 1))
+        per_seq = triton.cdiv(T, seg)
+        return SegmentPlan(varlen=0, segmented=True, total=B * per_seq, per_seq=per_seq, seg_len=seg)
+    N = cu_seqlens.numel() - 1
+    seg = _aligned(_segment_len(q, T, N, H, DV), align) if cu_seqlens_cpu is not None else 0
+    offsets = [int(x) for x in cu_seqlens_cpu.tolist()] if seg else []
+    if seg == 0 or all(b - a <= seg for a, b in zip(offsets[:-1], offsets[1:])):
+        return SegmentPlan(varlen=1, segmented=False, total=N, cu_seqlens=cu_seqlens)
+    rows, seq_segs = [], [0]
+    for n, (bos, eos) in enumerate(zip(offsets[:-1], offsets[1:])):
+        cuts = list(range(bos, eos, seg)) or [bos]  # a zero-length sequence keeps one empty segment
+        for j, start in enumerate(cuts):
+            flags = (1 if j == 0 else 0) | (2 if j == len(cuts) - 1 else 0)
+            rows.append((n, start, min(start + seg, eos), flags))
+        seq_segs.append(len(rows))
+    table = torch.tensor(rows, dtype=torch.int32).to(q.device, non_blocking=True)
+    csr = torch.tensor(seq_segs, dtype=torch.int32).to(q.device, non_blocking=True)
+    return SegmentPlan(varlen=2, segmented=True, total=len(rows), seg_table=table, seq_segs=csr)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# launchers
+
+
+def _acc(dtype: torch.dtype):
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def _state_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _precisions(dtype: torch.dtype):
+    """(DOT_PREC, INTER_PREC): exact products for fp32/fp64 inputs; for fp16 the inter product (λq)·S in tf32 on fp32
+    operands (the state is never rounded to fp16: its values outgrow fp16); for bf16 ``LIGHTNING_ATTENTION_BF16_INTER``
+    = ``input`` (default: operands rounded to bf16 for the tensor-core product, as FLA does; 1.25× faster on an H100,
+    benchmarks/results/chunk_sweep_h100.json) or ``tf32`` (fp32 operands)."""
+    if dtype in (torch.float32, torch.float64):
+        return "ieee", "ieee"
+    if dtype == torch.bfloat16:
+        mode = os.environ.get("LIGHTNING_ATTENTION_BF16_INTER", "input")
+        return None, "tf32" if mode == "tf32" else "input"
+    return None, "tf32"
+
+
+def _state_strides(x: torch.Tensor | None):
+    return (0, 0, 0, 0) if x is None else tuple(x.stride())
+
+
+def _walk(
+    q, k, v, o, *, slope, h0, ht, states, plan, T, H, scale_intra, scale_inter, scale_upd, reverse, state_only,
+    inter_chunk=0,
+):  # fmt: skip
+    """One launch of the chunk walk. q, k: [B, T, H, DK]; v: [B, T, H, DV]; o: [B, T, H, DV] (or None with
+    ``state_only``); h0/ht: [N, H, DK, DV] views or None; states: [NSEG, H, DK, DV] view or None.
+    ``inter_chunk`` > 0: the inter-only mode with chunks of that many tokens (BT fixed, no intra-chunk term)."""
+    DK, DV = q.shape[-1], v.shape[-1]
+    seg_in = plan.segmented and not state_only
+    dummy = q
+    o_ = dummy if o is None else o
+    dot_prec, inter_prec = _precisions(q.dtype)
+    grid = lambda meta: (triton.cdiv(DV, meta["BV"]) * H * plan.total,)  # noqa: E731
+    kernel, extra = lightning_walk_kernel, {}
+    if inter_chunk and not state_only:  # the pre-pass's state does not depend on the chunking
+        kernel, extra = lightning_walk_fixed_bt_kernel, {"BT": triton.next_power_of_2(inter_chunk)}
+    kernel[grid](
+        q, k, v, o_,
+        dummy if slope is None else slope,
+        dummy if h0 is None else h0,
+        dummy if ht is None else ht,
+        dummy if states is None else states,
+        dummy if plan.cu_seqlens is None else plan.cu_seqlens,
+        dummy if plan.seg_table is None else plan.seg_table,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o_.stride()[:3],
+        *_state_strides(h0), *_state_strides(ht), *_state_strides(states),
+        float(scale_intra), float(scale_inter), float(scale_upd),
+        T, H, plan.per_seq, plan.seg_len, inter_chunk if not state_only else 0,
+        DK=DK, DV=DV, BK=padded_dim(DK),
+        VARLEN=plan.varlen,
+        REVERSE=reverse,
+        HAS_DECAY=slope is not None,
+        USE_H0=h0 is not None and not plan.segmented,
+        STORE_HT=ht is not None and not plan.segmented and not state_only,
+        SEG_IN=seg_in,
+        STATE_ONLY=state_only,
+        INTER_ONLY=bool(inter_chunk) and not state_only,
+        ACC=_acc(q.dtype),
+        DOT_PREC=dot_prec,
+        INTER_PREC=inter_prec,
+        **extra,
+    )  # fmt: skip
+
+
+def _scan(states, *, slope, h0, ht, plan, N, H, T, reverse):
+    """Incoming state of every segment (in place in ``states`` [NSEG, H, DK, DV]) and the final state into ``ht``."""
+    DK, DV = states.shape[-2], states.shape[-1]
+    BK = min(64, padded_dim(DK))
+    BV = min(64, padded_dim(DV))
+    dummy = states
+    grid = (N * H, triton.cdiv(DK, BK), triton.cdiv(DV, BV))
+    lightning_scan_kernel[grid](
+        states,
+        dummy if h0 is None else h0,
+        dummy if ht is None else ht,
+        dummy if slope is None else slope,
+        dummy if plan.seq_segs is None else plan.seq_segs,
+        dummy if plan.seg_table is None else plan.seg_table,
+        *states.stride(), *_state_strides(h0), *_state_strides(ht),
+        T, H, plan.per_seq, plan.seg_len,
+        DK=DK, DV=DV, BK=BK, BV=BV,
+        VARLEN=plan.varlen,
+        REVERSE=reverse,
+        HAS_DECAY=slope is not None,
+        USE_H0=h0 is not None,
+        STORE_HT=ht is not None,
+        ACC=_acc(states.dtype),
+        num_warps=4,
+    )  # fmt: skip
+
+
+def _segmented_states(k, v, *, slope, h0, ht, plan, N, H, T, scale_upd, reverse):
+    """Pre-pass + scan: [NSEG, H, DK, DV] incoming states of the walk over (k, v); writes the final state to ht."""
+    states = torch.empty(plan.total, H, k.shape[-1], v.shape[-1], device=k.device, dtype=_state_dtype(k.dtype))
+    _walk(
+        k, k, v, None, slope=slope, h0=None, ht=None, states=states, plan=plan, T=T, H=H,
+        scale_intra=1.0, scale_inter=1.0, scale_upd=scale_upd, reverse=reverse, state_only=True,
+    )  # fmt: skip
+    _scan(states, slope=slope, h0=h0, ht=ht, plan=plan, N=N, H=H, T=T, reverse=reverse)
+    return states
+
+
+def chunk_forward(q, k, v, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk=0):
+    """o [B, T, H, V] in q.dtype and the final state [N, H, K, V] (or None). Inputs already validated.
+
+    ``inter_chunk`` > 0: o without its intra-chunk term, chunks of that many tokens from each sequence start."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    sdt = _state_dtype(q.dtype)
+    o = torch.empty(B, T, H, V, device=q.device, dtype=q.dtype)
+    if T == 0:
+        ht = None
+        if output_final_state:
+            ht = h0.to(sdt, copy=True) if h0 is not None else torch.zeros(N, H, K, V, device=q.device, dtype=sdt)
+        return o, ht
+    ht = torch.empty(N, H, K, V, device=q.device, dtype=sdt) if output_final_state else None
+    plan = plan_segments(q, v, cu_seqlens, cu_seqlens_cpu, align=inter_chunk)
+    states = None
+    if plan.segmented:
+        states = _segmented_states(
+            k, v, slope=slope, h0=h0, ht=ht, plan=plan, N=N, H=H, T=T, scale_upd=1.0, reverse=False
+        )
+    _walk(
+        q, k, v, o, slope=slope, h0=h0, ht=ht, states=states, plan=plan, T=T, H=H,
+        scale_intra=scale, scale_inter=scale, scale_upd=1.0, reverse=False, state_only=False, inter_chunk=inter_chunk,
+    )  # fmt: skip
+    return o, ht
+
+
+def chunk_backward(q, k, v, do, dht, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, need_dh0, inter_chunk=0):
+    """(dq, dk, dv, dh0) of the loss whose gradients w.r.t. o and the final state are ``do`` and ``dht`` (or None).
+
+    dq, dk, dv in the input dtype; dh0 [N, H, K, V] fp32 (None unless ``need_dh0``).
+    """
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    sdt = _state_dtype(q.dtype)
+    dq = torch.empty(B, T, H, K, device=q.device, dtype=q.dtype)
+    dk = torch.empty(B, T, H, K, device=q.device, dtype=q.dtype)
+    dv = torch.empty(B, T, H, V, device=q.device, dtype=q.dtype)
+    dh0 = None
+    if T == 0:
+        if need_dh0:
+            dh0 = dht.to(sdt, copy=True) if dht is not None else torch.zeros(N, H, K, V, device=q.device, dtype=sdt)
+        return dq, dk, dv, dh0
+    if need_dh0:
+        dh0 = torch.empty(N, H, K, V, device=q.device, dtype=sdt)
+    plan = plan_segments(q, v, cu_seqlens, cu_seqlens_cpu, align=inter_chunk)
+    h0t = None if h0 is None else h0.transpose(-1, -2)
+
+    # dq_t = scale · do_t S_tᵀ: the forward walk of (do, v, k) with state Sᵀ [V, K] from h0ᵀ
+    states = None
+    if plan.segmented:
+        states = _segmented_states(
+            v, k, slope=slope, h0=h0t, ht=None, plan=plan, N=N, H=H, T=T, scale_upd=1.0, reverse=False
+        )
+    _walk(
+        do, v, k, dq, slope=slope, h0=h0t, ht=None, states=states, plan=plan, T=T, H=H,
+        scale_intra=scale, scale_inter=scale, scale_upd=1.0, reverse=False, state_only=False, inter_chunk=inter_chunk,
+    )  # fmt: skip
+    del states  # free before the reverse-time buffer: one segment buffer alive at a time
+
+    # reverse time: G_t = λ G_{t+1} + scale · q_tᵀ do_t, G_{T-1} = dht + scale · q_{T-1}ᵀ do_{T-1}
+    # dv_t = k_t G_t (walk of (k, q, do)); dk_t = v_t G_tᵀ (walk of (v, do, q) with Gᵀ); dh0 = λ G_0
+    dht_t = None if dht is None else dht.transpose(-1, -2)
+    g_states = g_states_t = None
+    if plan.segmented:
+        g_states = _segmented_states(
+            q, do, slope=slope, h0=dht, ht=dh0, plan=plan, N=N, H=H, T=T, scale_upd=scale, reverse=True
+        )
+        g_states_t = g_states.transpose(-1, -2)
+    _walk(
+        k, q, do, dv, slope=slope, h0=dht, ht=dh0, states=g_states, plan=plan, T=T, H=H,
+        scale_intra=scale, scale_inter=1.0, scale_upd=scale, reverse=True, state_only=False, inter_chunk=inter_chunk,
+    )  # fmt: skip
+    _walk(
+        v, do, q, dk, slope=slope, h0=dht_t, ht=None, states=g_states_t, plan=plan, T=T, H=H,
+        scale_intra=scale, scale_inter=1.0, scale_upd=scale, reverse=True, state_only=False, inter_chunk=inter_chunk,
+    )  # fmt: skip
+    return dq, dk, dv, dh0
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# torch.library ops (custom_op + register_fake: the interpreter cannot run on fake tensors, so no triton_op)
+
+
+def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    """Strided views are taken as they are; only a non-unit last stride is copied."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _device_of(x: torch.Tensor):
+    """Triton launches on the current CUDA device: make it the tensors' device."""
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
+
+
+def _num_seqs(q: torch.Tensor, cu_seqlens: torch.Tensor | None) -> int:
+    return q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+
+
+@torch.library.custom_op("lightning_attention::chunk_fwd", mutates_args=())
+def chunk_fwd_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slope: torch.Tensor | None,
+    initial_state: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    cu_seqlens_cpu: torch.Tensor | None,
+    scale: float,
+    output_final_state: bool,
+    inter_chunk: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward op: (o [B, T, H, V], final_state [N, H, K, V], or an empty [0] tensor if not requested).
+
+    ``inter_chunk`` > 0: the inter-only mode (o without its intra-chunk term, chunks of that many tokens)."""
+    with _device_of(q):
+        o, ht = _chunk_forward_op_body(
+            q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk
+        )
+    return o, ht
+
+
+def _chunk_forward_op_body(
+    q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk
+):
+    o, ht = chunk_forward(
+        _last_dim_contiguous(q),
+        _last_dim_contiguous(k),
+        _last_dim_contiguous(v),
+        None if slope is None else slope.to(torch.float32).contiguous(),
+        initial_state,
+        cu_seqlens,
+        cu_seqlens_cpu,
+        scale,
+        output_final_state,
+        inter_chunk,
+    )
+    if ht is None:
+        ht = q.new_zeros(0, dtype=_state_dtype(q.dtype))
+    return o, ht
+
+
+@chunk_fwd_op.register_fake
+def _(q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk=0):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    o = q.new_empty(B, T, H, V)
+    shape = (_num_seqs(q, cu_seqlens), H, K, V) if output_final_state else (0,)
+    return o, q.new_empty(shape, dtype=_state_dtype(q.dtype))
+
+
+@torch.library.custom_op("lightning_attention::chunk_bwd", mutates_args=())
+def chunk_bwd_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    do: torch.Tensor,
+    dht: torch.Tensor | None,
+    slope: torch.Tensor | None,
+    initial_state: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    cu_seqlens_cpu: torch.Tensor | None,
+    scale: float,
+    inter_chunk: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backward op: (dq, dk, dv, dh0); dh0 is [N, H, K, V] when ``initial_state`` is given, else an empty [0]."""
+    with _device_of(q):
+        return _chunk_backward_op_body(
+            q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, inter_chunk
+        )
+
+
+def _chunk_backward_op_body(
+    q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, inter_chunk
+):
+    dq, dk, dv, dh0 = chunk_backward(
+        _last_dim_contiguous(q),
+        _last_dim_contiguous(k),
+        _last_dim_contiguous(v),
+        _last_dim_contiguous(do),
+        dht,
+        None if slope is None else slope.to(torch.float32).contiguous(),
+        initial_state,
+        cu_seqlens,
+        cu_seqlens_cpu,
+        scale,
+        initial_state is not None,
+        inter_chunk,
+    )
+    if dh0 is None:
+        dh0 = q.new_zeros(0, dtype=_state_dtype(q.dtype))
+    return dq, dk, dv, dh0
+
+
+@chunk_bwd_op.register_fake
+def _(q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, inter_chunk=0):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    shape = (_num_seqs(q, cu_seqlens), H, K, V) if initial_state is not None else (0,)
+    return q.new_empty(B, T, H, K), q.new_empty(B, T, H, K), q.new_empty(B, T, H, V), q.new_empty(
+        shape, dtype=_state_dtype(q.dtype)
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# autograd
+
+
+def _use_recompute_backward(mode: str, device: torch.device) -> bool:
+    if mode != "auto":
+        return mode == "recompute"
+    if device.type != "cuda":
+        return False
+    props = torch.cuda.get_device_properties(device)
+    return getattr(props, "shared_memory_per_block_optin", CHUNK_BACKWARD_MIN_SHARED) < CHUNK_BACKWARD_MIN_SHARED
+
+
+def _recompute_backward():
+    try:
+        from lightning_attention.ops.lightning.recompute import recompute_backward
+    except ImportError as e:
+        raise NotImplementedError(
+            "backward='recompute' needs lightning_attention.ops.lightning.recompute.recompute_backward, "
+            f"which is not available ({e}); use backward='chunk'"
+        ) from e
+    return recompute_backward
+
+
+class LightningAttnFunction(torch.autograd.Function):
+    """Autograd over the two ops. Saves only the inputs: the backward recomputes what it needs, walk by walk."""
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda")
+    def forward(
+        ctx, q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, backward, inter_chunk
+    ):
+        o, ht = torch.ops.lightning_attention.chunk_fwd(
+            q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk
+        )
+        ctx.save_for_backward(q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu)
+        ctx.scale = scale
+        ctx.output_final_state = output_final_state
+        ctx.backward_mode = backward
+        ctx.inter_chunk = inter_chunk
+        ctx.mark_non_differentiable(*([] if output_final_state else [ht]))
+        return o, ht
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cuda")
+    def backward(ctx, do, dht):
+        q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu = ctx.saved_tensors
+        if not ctx.output_final_state:
+            dht = None
+        if do is None:
+            do = torch.zeros(*q.shape[:-1], v.shape[-1], device=q.device, dtype=q.dtype)
+        if _use_recompute_backward(ctx.backward_mode, q.device) and not ctx.inter_chunk:
+            _recompute_backward()  # imports recompute.py, which registers the op (torch.compile-opaque launch)
+            dq, dk, dv, dh0 = torch.ops.lightning_attention.recompute_bwd(
+                q, k, v, do.to(q.dtype), dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, ctx.scale
+            )
+        else:
+            dq, dk, dv, dh0 = torch.ops.lightning_attention.chunk_bwd(
+                q, k, v, do.to(q.dtype), dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, ctx.scale,
+                ctx.inter_chunk,
+            )  # fmt: skip
+        if initial_state is None:
+            dh0 = None
+        return dq, dk, dv, None, dh0, None, None, None, None, None, None
+
+
+def chunk_lightning_attn_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slope: torch.Tensor | None,
+    *,
+    scale: float,
+    initial_state: torch.Tensor | None,
+    output_final_state: bool,
+    cu_seqlens: torch.Tensor | None,
+    cu_seqlens_cpu: torch.Tensor | None,
+    backward: str,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Triton Lightning Attention (called by :func:`lightning_attention.lightning_attn` after validation).
+
+    Args:
+        q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; float16 / bfloat16 / float32 (float64 under the interpreter;
+            on CUDA float64 runs the PyTorch chunked path). Strided views are used as they are (last stride 1).
+        slope: ``[H]`` float32 or None; scale: output scale.
+        initial_state: ``[N, H, K, V]`` float32 or None; output_final_state: return ``[N, H, K, V]`` float32.
+        cu_seqlens: ``[N + 1]`` offsets (B == 1) or None; cu_seqlens_cpu: optional host copy (enables segments).
+        backward: "auto" | "chunk" | "recompute".
+
+    Returns:
+        ``(o [B, T, H, V] in q.dtype, final_state or None)``; differentiable w.r.t. q, k, v, initial_state.
+    """
+    K, V = q.shape[-1], v.shape[-1]
+    if not (1 <= K <= MAX_HEAD_DIM and 1 <= V <= MAX_HEAD_DIM):
+        raise ValueError(f"the Triton kernels support head dims K, V in 1..{MAX_HEAD_DIM}, got K={K}, V={V}")
+    if q.dtype == torch.float64 and q.is_cuda:  # fp64 tensor-core dots do not exist: reference path
+        o, ht = naive.chunk_lightning_attn(
+            q, k, v, slope, scale=scale, initial_state=initial_state,
+            cu_seqlens=cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens,
+        )  # fmt: skip
+        return o, (ht.clone() if ht is initial_state else ht) if output_final_state else None
+    o, ht = LightningAttnFunction.apply(
+        q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, float(scale), output_final_state, backward, 0
+    )
+    return o, (ht if output_final_state else None)
+
+
+def lightning_attn_inter_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slope: torch.Tensor | None,
+    *,
+    chunk_size: int,
+    scale: float = 1.0,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Inter-chunk part of Lightning Attention only (the linear half of hybrid chunk attention, issue 7).
+
+    ``o_t = scale · λ^(t-c0+1) q_t S_{c0-1}`` where c0 is the first token of t's chunk of ``chunk_size`` tokens
+    (chunks aligned to each sequence start): ``lightning_attn`` without the intra-chunk term, i.e. every token sees
+    the decayed state of all *previous* chunks (plus h0) and nothing of its own chunk. The final state is the full
+    S_{T-1}, as in ``lightning_attn``. Differentiable w.r.t. q, k, v, initial_state (and through the final state).
+
+    Args:
+        q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; fp16 / bf16 / fp32 (fp64 under the interpreter), same layouts,
+            options and shapes as :func:`lightning_attention.lightning_attn`.
+        chunk_size: a multiple of 16 in 16..256.
+
+    Returns:
+        ``(o_inter [B, T, H, V] in q.dtype, final_state [N, H, K, V] float32 or None)``.
+    """
+    if not isinstance(chunk_size, int) or chunk_size % 16 or not 16 <= chunk_size <= 256:
+        raise ValueError(f"chunk_size must be a multiple of 16 in 16..256, got {chunk_size!r}")
+    from lightning_attention.ops.lightning.validation import check_lightning_attn_inputs
+
+    check_lightning_attn_inputs(
+        q, k, v, slope, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+        cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, backward="chunk",
+    )  # fmt: skip
+    K, V = q.shape[-1], v.shape[-1]
+    if not (1 <= K <= MAX_HEAD_DIM and 1 <= V <= MAX_HEAD_DIM):
+        raise ValueError(f"the Triton kernels support head dims K, V in 1..{MAX_HEAD_DIM}, got K={K}, V={V}")
+    o, ht = LightningAttnFunction.apply(
+        q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, float(scale), output_final_state, "chunk",
+        chunk_size,
+    )  # fmt: skip
+    return o, (ht if output_final_state else None)

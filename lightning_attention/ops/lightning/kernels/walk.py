@@ -1,0 +1,339 @@
+"""The chunk walk: the one Triton kernel that the forward and all three backward passes of ``lightning_attn`` run.
+
+A program owns one segment of one sequence, one head and one tile of ``BV`` columns of the value dimension, and walks
+the segment's chunks of ``BT`` tokens with its ``[DK, BV]`` state in registers (fp32; fp64 for fp64 inputs under the
+interpreter). With a generic (q, k, v) -> o, the walk computes, per token t of the walk (R = reversed time)::
+
+    S_t = λ · S_{t-1} + scale_upd · k_tᵀ v_t                       S_{-1} = incoming state
+    o_t = scale_intra · Σ_{s in chunk, s <= t} λ^(t-s) (q_t·k_s) v_s + scale_inter · λ^(t-c0+1) q_t S_{c0-1}
+
+(the intra part with the chunk's own tokens, the inter part with the state before the chunk, which starts at c0).
+Which tensors play q, k, v decides what is computed (derivation in ``ops/lightning/README.md``):
+
+======================  =========================  =========  ============================================
+pass                     (q, k, v)                  direction  state
+======================  =========================  =========  ============================================
+forward o                (q, k, v)                  forward    S    [K, V], incoming h0
+backward dq              (do, v, k)                 forward    Sᵀ   [V, K], incoming h0ᵀ
+backward dv              (k, q, do), upd·scale      reverse    G    [K, V], incoming dht (not decayed)
+backward dk              (v, do, q), upd·scale      reverse    Gᵀ   [V, K], incoming dhtᵀ
+======================  =========================  =========  ============================================
+
+Reverse walks go from the end of the segment to its start; "position" ``r`` is then the distance from the walk's start
+and every formula above holds with t replaced by r. The one asymmetry: the backward state is G_t = λ G_{t+1} +
+scale q_tᵀ do_t with G_{T-1} = dht + scale q_{T-1}ᵀ do_{T-1}, i.e. the incoming dht is *not* decayed before the first
+token. The kernel carries an exponent offset ``d0`` (0 until the first chunk of a reverse walk that starts from dht,
+then 1) instead of dividing anything by λ.
+
+STATE_ONLY turns the walk into the segment pre-pass: no q, no o, the segment-local state (from zeros) is written to
+the segment-state buffer. :func:`lightning_scan_kernel` turns those local states into incoming states.
+
+Decay lives in log2 space: c = slope · log2(e), λ^x = exp2(-c·x), every exponent x >= 0 on the entries that are used
+(padding rows are selected away with ``tl.where``, never multiplied by a 0/1 mask).
+"""
+
+import inspect
+
+import triton
+import triton.language as tl
+
+from lightning_attention.ops.lightning.kernels.configs import walk_autotune_configs, walk_prune_configs
+
+RCP_LN2: tl.constexpr = tl.constexpr(1.4426950408889634)  # log2(e): exp(-s·x) == exp2(-s·log2(e)·x)
+
+
+@triton.jit
+def _segment(i_s, cu_seqlens, seg_table, T, NS, SEG, VARLEN: tl.constexpr):
+    """Segment ``i_s`` -> (sequence i_n, batch row i_b, token range [bos, eos) in that row, first, last).
+
+    VARLEN 0: fixed-length batch, NS segments of SEG tokens per sequence (the last one ragged);
+    VARLEN 1: packed sequences, one segment each (cu_seqlens [N + 1]);
+    VARLEN 2: packed sequences cut into segments on the host: seg_table [NSEG, 4] int32 = (n, bos, eos, flags),
+    flags bit 0 = first segment of its sequence, bit 1 = last.
+    """
+    if VARLEN == 0:
+        i_n = i_s // NS
+        j = i_s % NS
+        i_b = i_n
+        bos = j * SEG
+        eos = tl.minimum(bos + SEG, T)
+        first = j == 0
+        last = j == NS - 1
+    elif VARLEN == 1:
+        i_n = i_s
+        i_b = i_s * 0
+        bos = tl.load(cu_seqlens + i_s).to(tl.int32)
+        eos = tl.load(cu_seqlens + i_s + 1).to(tl.int32)
+        first = i_s >= 0
+        last = i_s >= 0
+    else:
+        i_n = tl.load(seg_table + i_s * 4)
+        i_b = i_s * 0
+        bos = tl.load(seg_table + i_s * 4 + 1)
+        eos = tl.load(seg_table + i_s * 4 + 2)
+        flags = tl.load(seg_table + i_s * 4 + 3)
+        first = (flags & 1) != 0
+        last = (flags & 2) != 0
+    return i_n, i_b, bos, eos, first, last
+
+
+# batch strides stay specialisable (divisibility by 16 gives the compiler aligned, vectorised loads; T·H·K is a
+# multiple of 16 for any K that is): only lengths and counts are runtime values
+@triton.jit(do_not_specialize=["T", "NS", "SEG", "CS"])
+def _walk_kernel(
+    q,  # [B, T, H, DK] (strided, last dim contiguous)
+    k,  # [B, T, H, DK]
+    v,  # [B, T, H, DV]
+    o,  # [B, T, H, DV] output (unused with STATE_ONLY)
+    slope,  # [H] float32, λ = exp(-slope) (unused without HAS_DECAY)
+    h0,  # [N, H, DK, DV] incoming state through strides (may be a transposed view)
+    ht,  # [N, H, DK, DV] final state (forward) or dh0 (reverse)
+    states,  # [NSEG, H, DK, DV] segment-state buffer (SEG_IN: incoming, read; STATE_ONLY: local, written)
+    cu_seqlens,  # [N + 1] (VARLEN 1)
+    seg_table,  # [NSEG, 4] int32 (VARLEN 2)
+    sq_b, sq_t, sq_h,
+    sk_b, sk_t, sk_h,
+    sv_b, sv_t, sv_h,
+    so_b, so_t, so_h,
+    sh0_n, sh0_h, sh0_k, sh0_v,
+    sht_n, sht_h, sht_k, sht_v,
+    sst_n, sst_h, sst_k, sst_v,
+    scale_intra,  # multiplies the intra-chunk term
+    scale_inter,  # multiplies the term read from the incoming state
+    scale_upd,  # multiplies k_tᵀ v_t in the state update
+    T, H, NS, SEG,
+    CS,  # tokens per chunk when > 0 (the inter-only mode, any multiple of 16 <= BT), else BT
+    DK: tl.constexpr, DV: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    VARLEN: tl.constexpr,
+    REVERSE: tl.constexpr,
+    HAS_DECAY: tl.constexpr,
+    USE_H0: tl.constexpr,
+    STORE_HT: tl.constexpr,
+    SEG_IN: tl.constexpr,
+    STATE_ONLY: tl.constexpr,
+    INTER_ONLY: tl.constexpr,  # o without its intra-chunk term (hybrid attention, issue 7)
+    ACC: tl.constexpr,  # tl.float32 (tl.float64 for fp64 inputs under the interpreter)
+    DOT_PREC: tl.constexpr,  # "ieee" for fp32/fp64 operands, else the tensor-core default
+    INTER_PREC: tl.constexpr,  # (q·λ)·S: "ieee" (fp32 inputs), "tf32" (fp32 operands), "input" (bf16 operands)
+):
+    # grid: one program per (V tile, head, segment), V tile fastest so the programs that share a (segment, head)
+    # run side by side and read its q/k tiles through L2 once
+    pid = tl.program_id(0)
+    NV: tl.constexpr = (DV + BV - 1) // BV
+    i_v = pid % NV
+    i_h = (pid // NV) % H
+    i_s = pid // (NV * H)
+    i_n, i_b, bos, eos, first, last = _segment(i_s, cu_seqlens, seg_table, T, NS, SEG, VARLEN)
+
+    if HAS_DECAY:
+        c = tl.load(slope + i_h).to(ACC) * RCP_LN2  # λ^x = exp2(-c·x)
+    else:
+        c = tl.zeros([], dtype=ACC)
+
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < DK
+    m_v = o_v < DV
+    m_kv = m_k[:, None] & m_v[None, :]
+    i_b64 = tl.cast(i_b, tl.int64)
+    i_h64 = tl.cast(i_h, tl.int64)
+    p_q = q + i_b64 * sq_b + i_h64 * sq_h
+    p_k = k + i_b64 * sk_b + i_h64 * sk_h
+    p_v = v + i_b64 * sv_b + i_h64 * sv_h
+    p_o = o + i_b64 * so_b + i_h64 * so_h
+
+    # incoming state [BK, BV]: a segment boundary state from the scan, the initial state, or zeros
+    b_s = tl.zeros([BK, BV], dtype=ACC)
+    if SEG_IN:
+        p_s = states + tl.cast(i_s, tl.int64) * sst_n + i_h64 * sst_h + o_k[:, None] * sst_k + o_v[None, :] * sst_v
+        b_s = tl.load(p_s, mask=m_kv, other=0.0).to(ACC)
+    elif USE_H0:
+        p_s = h0 + tl.cast(i_n, tl.int64) * sh0_n + i_h64 * sh0_h + o_k[:, None] * sh0_k + o_v[None, :] * sh0_v
+        b_s = tl.load(p_s, mask=m_kv, other=0.0).to(ACC)
+
+    # exponent offset of the incoming state: 1 (S_{-1} is decayed before token 0), except a reverse walk starting
+    # from dht, where G_{T-1} = dht + ... (no decay); it becomes 1 after the first chunk
+    if REVERSE and not STATE_ONLY:
+        d0 = tl.where(last, 0, 1)
+    else:
+        d0 = tl.where(first, 1, 1)
+
+    # chunks of C <= BT tokens (C = BT, or the inter-only mode's chunk size), aligned to the segment's start
+    # (segments start at multiples of C) in both directions
+    C = tl.where(CS > 0, CS, BT)
+    n_chunks = (eos - bos + C - 1) // C
+    for i_c in range(0, n_chunks):
+        if REVERSE:
+            lo = bos + (n_chunks - 1 - i_c) * C
+        else:
+            lo = bos + i_c * C
+        L = tl.minimum(lo + C, eos) - lo
+        m_t = o_t < L
+        if REVERSE:
+            r = L - 1 - o_t  # walk position = distance from the chunk's last token (< 0 on padding rows)
+        else:
+            r = o_t
+        rows = tl.cast(lo, tl.int64) + o_t  # [BT] token index in the batch row (int64 addresses)
+
+        b_k = tl.load(p_k + rows[:, None] * sk_t + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
+        b_v = tl.load(p_v + rows[:, None] * sv_t + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
+        if HAS_DECAY:
+            # λ^(L-1-r): decay from the token to the chunk's last walk position; padding rows selected to 0
+            k_dec = tl.where(m_t, tl.exp2(-c * tl.maximum(L - 1 - r, 0).to(ACC)), 0.0)
+            blk_dec = tl.exp2(-c * (L - 1 + d0).to(ACC))
+
+        if not STATE_ONLY:
+            b_q = tl.load(p_q + rows[:, None] * sq_t + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
+            if INTER_ONLY:
+                b_o = tl.zeros([BT, BV], dtype=ACC)
+            else:
+                # intra: [(Q Kᵀ) ⊙ D] V, D_ij = λ^(r_i - r_j) for r_i >= r_j (direct form: no overflow, no inf·0)
+                b_a = tl.dot(b_q, tl.trans(b_k), out_dtype=ACC, input_precision=DOT_PREC)  # [BT, BT]
+                causal = r[:, None] >= r[None, :]
+                if HAS_DECAY:
+                    dist = tl.maximum(r[:, None] - r[None, :], 0).to(ACC)
+                    b_a = tl.where(causal, b_a * tl.exp2(-c * dist), 0.0)
+                else:
+                    b_a = tl.where(causal, b_a, 0.0)
+                b_a = (b_a * scale_intra).to(b_v.dtype)
+                b_o = tl.dot(b_a, b_v, out_dtype=ACC, input_precision=DOT_PREC)  # [BT, BV]
+            # inter: λ^(r+d0) q · S; the carried state stays fp32, only this product's operands may be rounded
+            b_qs = b_q.to(ACC) * scale_inter
+            if HAS_DECAY:
+                b_qs = b_qs * tl.where(m_t, tl.exp2(-c * (tl.maximum(r, 0) + d0).to(ACC)), 0.0)[:, None]
+            if INTER_PREC == "input":  # bf16 inputs only: both operands rounded to bf16 (8 exponent bits)
+                b_o += tl.dot(b_qs.to(b_q.dtype), b_s.to(b_q.dtype), out_dtype=ACC)
+            else:
+                b_o += tl.dot(b_qs, b_s, out_dtype=ACC, input_precision=INTER_PREC)
+            tl.store(
+                p_o + rows[:, None] * so_t + o_v[None, :],
+                b_o.to(o.dtype.element_ty),
+                mask=m_t[:, None] & m_v[None, :],
+            )
+
+        # state update: S = λ^(L-1+d0) S + scale_upd · (λ^(L-1-r) K)ᵀ V, operands in the input dtype
+        if HAS_DECAY:
+            b_kd = (b_k.to(ACC) * k_dec[:, None]).to(b_k.dtype)
+            b_s = b_s * blk_dec + scale_upd * tl.dot(tl.trans(b_kd), b_v, out_dtype=ACC, input_precision=DOT_PREC)
+        else:
+            b_s = b_s + scale_upd * tl.dot(tl.trans(b_k), b_v, out_dtype=ACC, input_precision=DOT_PREC)
+        if REVERSE:
+            d0 = d0 * 0 + 1
+
+    if STATE_ONLY:
+        p_s = states + tl.cast(i_s, tl.int64) * sst_n + i_h64 * sst_h + o_k[:, None] * sst_k + o_v[None, :] * sst_v
+        tl.store(p_s, b_s.to(states.dtype.element_ty), mask=m_kv)
+    elif STORE_HT:
+        if REVERSE:
+            if HAS_DECAY:
+                b_s = b_s * tl.exp2(-c * d0.to(ACC))  # dh0 = λ G_0 (= dht when the sequence is empty)
+        p_s = ht + tl.cast(i_n, tl.int64) * sht_n + i_h64 * sht_h + o_k[:, None] * sht_k + o_v[None, :] * sht_v
+        tl.store(p_s, b_s.to(ht.dtype.element_ty), mask=m_kv)
+
+
+# tuning results cached on disk where this Triton has the option (3.3+): a new process skips the tuning runs
+_CACHE = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
+_AUTOTUNE_KEY = ["DK", "DV", "VARLEN", "REVERSE", "HAS_DECAY", "STATE_ONLY", "SEG_IN", "USE_H0", "INTER_ONLY"]
+
+# BT and BV tuned: the full op (its chunk size is an implementation detail)
+lightning_walk_kernel = triton.autotune(
+    configs=walk_autotune_configs(),
+    key=_AUTOTUNE_KEY,
+    prune_configs_by={"early_config_prune": walk_prune_configs},
+    **_CACHE,
+)(_walk_kernel)
+
+# BV tuned, BT given by the caller (with the chunk size CS): the inter-only mode, whose chunks are part of its output
+lightning_walk_fixed_bt_kernel = triton.autotune(
+    configs=walk_autotune_configs(fixed_bt=True),
+    key=_AUTOTUNE_KEY + ["BT"],
+    prune_configs_by={"early_config_prune": walk_prune_configs},
+    **_CACHE,
+)(_walk_kernel)
+
+
+@triton.jit(do_not_specialize=["T", "NS", "SEG"])
+def lightning_scan_kernel(
+    states,  # [NSEG, H, DK, DV] in: segment-local states; out: incoming state of each segment
+    h0,  # [N, H, DK, DV] initial state (forward) or dht (reverse), strided
+    ht,  # [N, H, DK, DV] final state (forward) or dh0 (reverse)
+    slope,  # [H]
+    seq_segs,  # [N + 1] int32: the segments of sequence n are seq_segs[n] .. seq_segs[n+1]-1 (VARLEN 2)
+    seg_table,  # [NSEG, 4] int32 (VARLEN 2)
+    sst_n, sst_h, sst_k, sst_v,
+    sh0_n, sh0_h, sh0_k, sh0_v,
+    sht_n, sht_h, sht_k, sht_v,
+    T, H, NS, SEG,
+    DK: tl.constexpr, DV: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr,
+    VARLEN: tl.constexpr,
+    REVERSE: tl.constexpr,
+    HAS_DECAY: tl.constexpr,
+    USE_H0: tl.constexpr,
+    STORE_HT: tl.constexpr,
+    ACC: tl.constexpr,
+):
+    """Decayed scan over segments, in walk order: in(0) = h0, in(j+1) = λ^(len_j - 1 + d0) in(j) + local(j).
+
+    One program per (sequence, head, [BK, BV] tile of the state); the buffer is rewritten in place.
+    """
+    i_nh = tl.program_id(0)
+    i_k = tl.program_id(1)
+    i_v = tl.program_id(2)
+    i_n = i_nh // H
+    i_h = i_nh % H
+    if HAS_DECAY:
+        c = tl.load(slope + i_h).to(ACC) * RCP_LN2
+    else:
+        c = tl.zeros([], dtype=ACC)
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_kv = (o_k < DK)[:, None] & (o_v < DV)[None, :]
+    i_n64 = tl.cast(i_n, tl.int64)
+    i_h64 = tl.cast(i_h, tl.int64)
+
+    b_s = tl.zeros([BK, BV], dtype=ACC)
+    if USE_H0:
+        p_h0 = h0 + i_n64 * sh0_n + i_h64 * sh0_h + o_k[:, None] * sh0_k + o_v[None, :] * sh0_v
+        b_s = tl.load(p_h0, mask=m_kv, other=0.0).to(ACC)
+    if VARLEN == 0:
+        s_lo = i_n * NS
+        n_segs = NS
+    else:
+        s_lo = tl.load(seq_segs + i_n)
+        n_segs = tl.load(seq_segs + i_n + 1) - s_lo
+    # exponent offset, see lightning_walk_kernel: a reverse scan starts from dht, not decayed before its first token
+    if REVERSE:
+        d0 = i_n * 0
+    else:
+        d0 = i_n * 0 + 1
+
+    for w in range(0, n_segs):
+        if REVERSE:
+            i_s = s_lo + n_segs - 1 - w
+        else:
+            i_s = s_lo + w
+        if VARLEN == 0:
+            j = i_s - s_lo
+            seg_len = tl.minimum(SEG, T - j * SEG)
+        else:
+            seg_len = tl.load(seg_table + i_s * 4 + 2) - tl.load(seg_table + i_s * 4 + 1)
+        p_s = states + tl.cast(i_s, tl.int64) * sst_n + i_h64 * sst_h + o_k[:, None] * sst_k + o_v[None, :] * sst_v
+        b_local = tl.load(p_s, mask=m_kv, other=0.0).to(ACC)
+        tl.store(p_s, b_s.to(states.dtype.element_ty), mask=m_kv)
+        if HAS_DECAY:
+            # an empty segment (a zero-length sequence) leaves the state as it is
+            dec = tl.where(seg_len > 0, tl.exp2(-c * tl.maximum(seg_len - 1 + d0, 0).to(ACC)), 1.0)
+            b_s = b_s * dec + b_local
+        else:
+            b_s = b_s + b_local
+        d0 = tl.where(seg_len > 0, 1, d0)
+
+    if STORE_HT:
+        if REVERSE:
+            if HAS_DECAY:
+                b_s = b_s * tl.exp2(-c * d0.to(ACC))
+        p_ht = ht + i_n64 * sht_n + i_h64 * sht_h + o_k[:, None] * sht_k + o_v[None, :] * sht_v
+        tl.store(p_ht, b_s.to(ht.dtype.element_ty), mask=m_kv)

@@ -1,0 +1,110 @@
+"""Ahead-of-time GPU builds of the chunk-walk kernels on a machine without a GPU (notes/triton-interpreter.md §8).
+
+Run as a script with the interpreter off (``tests/ops/test_aot.py`` does it in a subprocess: in a process whose
+kernels were decorated under ``TRITON_INTERPRET=1`` Triton's frontend cannot compile them)::
+
+    TRITON_INTERPRET=0 python -m tests.ops.aot_build '[{"cc": 90, "dtype": "bf16", "DK": 128, "DV": 128}]'
+
+Each job compiles every configuration that ``kernels.configs.select_configs`` lets the dispatcher pick for that
+architecture, dtype and head dims (or only the first / last with ``"which"``), with the kernel flags given in
+``"flags"``, and prints one JSON line per build: the configuration, ``metadata.shared`` (the compiler's own number),
+the per-block limit and the dispatcher's estimate.
+"""
+
+import json
+import sys
+
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+
+from lightning_attention.ops.lightning.kernels.configs import (
+    SHARED_LIMITS,
+    estimate_shared_bytes,
+    padded_dim,
+    select_configs,
+    walk_autotune_configs,
+)
+from lightning_attention.ops.lightning.kernels.walk import lightning_scan_kernel, lightning_walk_kernel
+
+ELEM_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+INTER_PREC = {"bf16": "input", "fp16": "tf32", "fp32": "ieee"}  # as chunk._precisions picks them
+_IO_POINTERS = {"q", "k", "v", "o"}
+_STATE_POINTERS = {"slope", "h0", "ht", "states"}
+_INT_POINTERS = {"cu_seqlens", "seg_table", "seq_segs"}
+
+
+def signature(fn, dtype: str) -> dict:
+    """Triton signature of a kernel: q/k/v/o in ``dtype``, states fp32, offsets int32, scalars fp32/int32."""
+    constexprs = {fn.arg_names[i] for i in fn.constexprs}
+    sig = {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name in _IO_POINTERS:
+            sig[name] = f"*{dtype}"
+        elif name in _STATE_POINTERS:
+            sig[name] = "*fp32"
+        elif name in _INT_POINTERS:
+            sig[name] = "*i32"
+        elif name.startswith("scale"):
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+    return sig
+
+
+def dispatcher_configs(cc: int, dtype: str, DK: int, DV: int):
+    return select_configs(walk_autotune_configs(), DK, DV, ELEM_BYTES[dtype], SHARED_LIMITS[cc])
+
+
+def build_walk(cc: int, dtype: str, DK: int, DV: int, cfg, flags: dict) -> dict:
+    fn = lightning_walk_kernel.fn  # the JITFunction under the autotuner
+    exact = dtype == "fp32"
+    BT, BV = cfg.kwargs["BT"], cfg.kwargs["BV"]
+    constexprs = dict(
+        DK=DK, DV=DV, BT=BT, BK=padded_dim(DK), BV=BV,
+        VARLEN=0, REVERSE=False, HAS_DECAY=True, USE_H0=True, STORE_HT=True, SEG_IN=False, STATE_ONLY=False,
+        ACC=tl.float32, DOT_PREC="ieee" if exact else None, INTER_PREC=INTER_PREC[dtype],
+    )  # fmt: skip
+    constexprs.update(flags)
+    src = triton.compiler.ASTSource(fn=fn, signature=signature(fn, dtype), constexprs=constexprs)
+    options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    kernel = triton.compile(src, target=GPUTarget("cuda", cc, 32), options=options)
+    return {
+        "kernel": "walk", "cc": cc, "dtype": dtype, "DK": DK, "DV": DV, "BT": BT, "BV": BV, "flags": flags,
+        "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "shared": kernel.metadata.shared,
+        "limit": SHARED_LIMITS[cc],
+        "estimate": estimate_shared_bytes(BT, padded_dim(DK), BV, cfg.num_stages, ELEM_BYTES[dtype]),
+    }  # fmt: skip
+
+
+def build_scan(cc: int) -> dict:
+    fn = lightning_scan_kernel
+    constexprs = dict(
+        DK=128, DV=128, BK=64, BV=64, VARLEN=2, REVERSE=True, HAS_DECAY=True, USE_H0=True, STORE_HT=True,
+        ACC=tl.float32,
+    )  # fmt: skip
+    src = triton.compiler.ASTSource(fn=fn, signature=signature(fn, "fp32"), constexprs=constexprs)
+    kernel = triton.compile(src, target=GPUTarget("cuda", cc, 32), options={"num_warps": 4, "num_stages": 1})
+    return {"kernel": "scan", "cc": cc, "shared": kernel.metadata.shared, "limit": SHARED_LIMITS[cc]}
+
+
+def run_job(job: dict) -> list[dict]:
+    if job.get("kernel") == "scan":
+        return [build_scan(job["cc"])]
+    cfgs = dispatcher_configs(job["cc"], job["dtype"], job["DK"], job["DV"])
+    which = job.get("which", "all")
+    cfgs = cfgs[:1] if which == "first" else cfgs[-1:] if which == "last" else cfgs
+    return [build_walk(job["cc"], job["dtype"], job["DK"], job["DV"], c, job.get("flags", {})) for c in cfgs]
+
+
+def main(argv: list[str]) -> int:
+    for job in json.loads(argv[0]):
+        for result in run_job(job):
+            print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,101 @@
+"""Ahead-of-time GPU builds of the kernel configurations the dispatcher can pick, for sm_80, sm_90 and sm_120.
+
+The interpreter accepts things a GPU build rejects (dot tiles under 16, shared memory over the per-block limit, type
+errors in code paths it never takes). ``tests/ops/aot_build.py`` compiles, in a subprocess with the interpreter off,
+what ``kernels.configs.select_configs`` lets the dispatcher pick on each architecture; every build's shared memory
+(``metadata.shared``, the compiler's number) must be within the architecture's per-block limit and within the
+estimate the dispatcher filtered with.
+
+bf16 builds (bf16 inter product) and fp16 builds (tf32 inter product) differ in the inter-chunk product only. An fp32 build (ieee dots lower to FMA loops) takes 10-200 s on
+one CI core, so CI builds one fp32 configuration; ``-m slow`` builds them all.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+ROOT = Path(__file__).resolve().parents[2]
+ARCHS = (80, 90, 120)
+FULL_FORWARD = {}  # default flags: forward walk with h0 and final state (the largest live set)
+REVERSE_SEGMENTED = {"REVERSE": True, "SEG_IN": True, "USE_H0": False, "STORE_HT": False}
+PRE_PASS_VARLEN = {"STATE_ONLY": True, "USE_H0": False, "STORE_HT": False, "VARLEN": 2}
+
+
+def build(jobs: list[dict], timeout: int = 600) -> list[dict]:
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.ops.aot_build", json.dumps(jobs)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"AOT build failed:\n{proc.stderr[-4000:]}"
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def check(results: list[dict]) -> None:
+    assert results, "nothing was built"
+    for r in results:
+        label = {k: r[k] for k in ("kernel", "cc", "dtype", "DK", "DV", "BT", "BV", "num_warps", "num_stages") if k in r}
+        assert r["shared"] <= r["limit"], f"{label}: {r['shared']} B of shared memory > limit {r['limit']}"
+        if "estimate" in r:
+            assert r["shared"] <= r["estimate"], f"{label}: {r['shared']} B > the dispatcher's estimate {r['estimate']}"
+
+
+@pytest.fixture
+def slow_requested(request):
+    """The exhaustive builds take tens of minutes on a CI core: run them only with ``-m slow``."""
+    if "slow" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("exhaustive AOT builds: run with -m slow")
+
+
+@pytest.fixture(scope="module")
+def ci_builds():
+    """One subprocess for the CI set: every bf16 config the dispatcher can pick at K = V = 128 (the benchmark) and
+    the preferred one at 256 (the largest tiles; all of them with ``-m slow``) on each target, the backward's reverse
+    segmented walk and the varlen pre-pass, one fp32 build with odd head dims, and the scan kernel."""
+    jobs = [{"cc": cc, "dtype": "bf16", "DK": 128, "DV": 128, "flags": FULL_FORWARD} for cc in ARCHS]
+    jobs += [{"cc": cc, "dtype": "bf16", "DK": 256, "DV": 256, "flags": FULL_FORWARD, "which": "first"} for cc in ARCHS]
+    jobs += [{"cc": cc, "dtype": "fp16", "DK": 128, "DV": 128, "flags": FULL_FORWARD} for cc in ARCHS]
+    jobs += [{"cc": cc, "dtype": "bf16", "DK": 128, "DV": 128, "flags": REVERSE_SEGMENTED, "which": "first"} for cc in ARCHS]
+    jobs += [{"cc": cc, "dtype": "fp16", "DK": 64, "DV": 64, "flags": PRE_PASS_VARLEN, "which": "first"} for cc in ARCHS]
+    jobs += [{"cc": 90, "dtype": "fp32", "DK": 48, "DV": 40, "flags": {"VARLEN": 1}, "which": "last"}]
+    jobs += [{"kernel": "scan", "cc": cc} for cc in ARCHS]
+    return build(jobs)
+
+
+@pytest.mark.parametrize("cc", ARCHS)
+@pytest.mark.parametrize("dtype, d", [("bf16", 128), ("bf16", 256), ("fp16", 128)])
+def test_half_precision_configs_fit(ci_builds, cc, dtype, d):
+    check([r for r in ci_builds if r["kernel"] == "walk" and r["cc"] == cc and r["dtype"] == dtype
+           and r["DK"] == d and not r["flags"]])  # fmt: skip
+
+
+@pytest.mark.parametrize("cc", ARCHS)
+def test_backward_and_prepass_variants_compile(ci_builds, cc):
+    check([r for r in ci_builds if r["kernel"] == "walk" and r["cc"] == cc and r["flags"] in (REVERSE_SEGMENTED, PRE_PASS_VARLEN)])
+
+
+def test_fp32_odd_dims_compile(ci_builds):
+    check([r for r in ci_builds if r["kernel"] == "walk" and r["dtype"] == "fp32"])
+
+
+@pytest.mark.parametrize("cc", ARCHS)
+def test_scan_compiles(ci_builds, cc):
+    check([r for r in ci_builds if r["kernel"] == "scan" and r["cc"] == cc])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cc", ARCHS)
+def test_bf16_k256_configs_fit_all(cc, slow_requested):
+    check(build([{"cc": cc, "dtype": "bf16", "DK": 256, "DV": 256}], timeout=3600))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cc", ARCHS)
+def test_fp32_configs_fit_all(cc, slow_requested):
+    check(build([{"cc": cc, "dtype": "fp32", "DK": d, "DV": d} for d in (64, 128, 256)], timeout=3600))

@@ -1,0 +1,106 @@
+"""Real sizes on a GPU (``pytest -m gpu``; skipped without CUDA): T up to 65,536, K = V = 128, B·H up to 64.
+
+Reference: ``naive.chunk_lightning_attn`` in float64 on the GPU (the quadratic form is O(T²) memory), from the same
+rounded inputs, forward and every gradient. Outputs are NaN-poisoned by tests/conftest.py. Long sequences at small
+B·H go through the segmented path (pre-pass + scan + walk) by themselves.
+"""
+
+import pytest
+import torch
+
+import lightning_attention as la
+from lightning_attention.ops.lightning import naive
+from lightning_attention.utils.testing import assert_close
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def triton_backend(monkeypatch):
+    monkeypatch.setenv("LIGHTNING_ATTENTION_BACKEND", "triton")
+
+
+def _inputs(B, T, H, K, V, dtype, seed=0, N=None):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn(B, T, H, d, device="cuda", generator=g).to(dtype).requires_grad_() for d in (K, K, V))
+    h0 = torch.randn(N or B, H, K, V, device="cuda", generator=g).requires_grad_()
+    do = torch.randn(B, T, H, V, device="cuda", generator=g).to(dtype)
+    dht = torch.randn(N or B, H, K, V, device="cuda", generator=g)
+    return q, k, v, h0, do, dht
+
+
+def _fwd_bwd(q, k, v, h0, do, dht, slope, cu=None, cu_cpu=None, scale=1.0):
+    o, ht = la.lightning_attn(
+        q, k, v, slope, scale=scale, initial_state=h0, output_final_state=True, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu
+    )
+    grads = torch.autograd.grad((o.double() * do.double()).sum() + (ht.double() * dht.double()).sum(), (q, k, v, h0))
+    return (o, ht, *grads)
+
+
+def _reference(q, k, v, h0, do, dht, slope, cu_cpu=None, scale=1.0):
+    x64 = [t.detach().double().requires_grad_() for t in (q, k, v, h0)]
+    o, ht = naive.chunk_lightning_attn(
+        *x64[:3], slope, scale=scale, initial_state=x64[3], cu_seqlens=cu_cpu, chunk_size=256
+    )
+    grads = torch.autograd.grad((o * do.double()).sum() + (ht * dht.double()).sum(), x64)
+    return (o, ht, *grads)
+
+
+def _compare(got, ref, dtype):
+    for name, a, b in zip(("o", "final_state", "dq", "dk", "dv", "dh0"), got, ref):
+        assert_close(name, a, b, dtype)
+
+
+REAL = [
+    pytest.param(1, 65536, 4, 128, torch.bfloat16, "tnl", id="bf16-B1-T64K-H4-tnl-segmented"),
+    pytest.param(8, 8192, 8, 128, torch.bfloat16, "none", id="bf16-B8-T8K-H8-nodecay"),
+    pytest.param(4, 4096, 16, 128, torch.float16, "tnl", id="fp16-B4-T4K-H16"),
+    pytest.param(2, 3000, 4, 64, torch.float32, "strong", id="fp32-B2-T3000-K64-strong"),
+]
+
+
+@pytest.mark.parametrize("B, T, H, D, dtype, decay", REAL)
+def test_real_sizes_against_float64(B, T, H, D, dtype, decay):
+    K = V = D
+    slope = {"tnl": la.tnl_slopes(H, 1, 12), "none": None, "strong": torch.full((H,), 5.0)}[decay]
+    slope = None if slope is None else slope.to("cuda", torch.float32)
+    inputs = _inputs(B, T, H, K, V, dtype)
+    _compare(_fwd_bwd(*inputs, slope, scale=0.5), _reference(*inputs, slope, scale=0.5), dtype)
+
+
+def test_varlen_real_sizes_with_host_offsets():
+    lengths = [0, 1, 15, 30000, 5000, 20000]
+    offsets = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
+    T, H = int(offsets[-1]), 4
+    slope = la.tnl_slopes(H, 0, 12).to("cuda", torch.float32)
+    inputs = _inputs(1, T, H, 128, 128, torch.bfloat16, N=len(lengths))
+    cu = offsets.cuda()
+    got = _fwd_bwd(*inputs, slope, cu=cu, cu_cpu=offsets)
+    _compare(got, _reference(*inputs, slope, cu_cpu=offsets), torch.bfloat16)
+    got_sync = _fwd_bwd(*inputs, slope, cu=cu)  # no host copy: one segment per sequence
+    _compare(got_sync, _reference(*inputs, slope, cu_cpu=offsets), torch.bfloat16)
+
+
+def test_run_to_run_determinism():
+    H = 8
+    slope = la.tnl_slopes(H, 2, 12).to("cuda", torch.float32)
+    inputs = _inputs(1, 20000, H, 128, 128, torch.bfloat16)
+    first = _fwd_bwd(*inputs, slope)
+    second = _fwd_bwd(*inputs, slope)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+def test_autocast_bf16_region():
+    """Inside torch.autocast the op takes the dtype it is given (q, k, v bf16 from autocast-ed projections)."""
+    B, T, H, D = 2, 1000, 4, 64
+    x = torch.randn(B, T, 3 * H * D, device="cuda")
+    w = torch.randn(3 * H * D, 3 * H * D, device="cuda") / (3 * H * D) ** 0.5
+    w.requires_grad_()
+    slope = la.tnl_slopes(H, 0, 4).cuda()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        q, k, v = (x @ w).view(B, T, H, 3 * D).split(D, dim=-1)  # strided bf16 views of one projection
+        o, _ = la.lightning_attn(q, k, v, slope)
+    assert o.dtype == torch.bfloat16
+    o.float().square().mean().backward()
+    assert w.grad is not None and torch.isfinite(w.grad).all()
