@@ -46,6 +46,25 @@ def _driver_version() -> str | None:
     return out.strip().splitlines()[0] if out.strip() else None
 
 
+def _git_revision() -> str | None:
+    """Short commit of the checkout the package was imported from (None outside a git checkout)."""
+    exe = shutil.which("git")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run(
+            [exe, "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+            cwd=os.path.dirname(os.path.abspath(__file__)),
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.strip() or None
+
+
 def machine_info(device: torch.device | str) -> dict:
     """Everything that decides what a timing means, as a JSON-ready dict."""
     device = torch.device(device)
@@ -63,6 +82,11 @@ def machine_info(device: torch.device | str) -> dict:
     }
     for label, dists in _PACKAGES:
         info[label] = package_version(dists)
+    if info["lightning_attention"] is None:  # run from a checkout on PYTHONPATH (the GPU machine), not installed
+        import lightning_attention
+
+        info["lightning_attention"] = lightning_attention.__version__
+    info["git"] = _git_revision()
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         info["gpu"] = props.name
