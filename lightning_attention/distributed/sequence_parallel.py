@@ -8,11 +8,16 @@ the recurrence of DESIGN §1 splits at the rank boundaries:
     S_in(0)  = h0
     S_in(r+1) = λ^(n_r) S_in(r) + S_r                                      incoming state of rank r + 1
              = λ^(n_0+…+n_r) h0 + Σ_{j≤r} λ^(n_{j+1}+…+n_r) S_j
-    o_r      = lightning_attn(q_r, k_r, v_r, initial_state=S_in(r))        exact: the recurrence restarted at S_in(r)
+    o_r,t    = o_local,t + scale · λ^(t+1) q_t S_in(r)                       t = 0..n_r-1, local positions
     final    = S_in(P)
 
-Forward, on every rank: (1) ``S_r`` with the public op from a zero state; (2) ONE all-gather of every rank's
-``S_r`` and ``n_r``; (3) the scan above (P small elementwise steps, the same on every rank); (4) the local output.
+where ``(o_local, S_r) = lightning_attn(q_r, k_r, v_r, output_final_state=True)`` from a zero state: the output of
+the recurrence restarted at S_in(r) is the zero-state output plus the decayed incoming state read by each query
+(DESIGN §1: o_t = scale · q_t (λ^(t+1) h0 + Σ_{s≤t} λ^(t-s) k_sᵀ v_s)).
+
+Forward, on every rank: (1) ``o_local`` and ``S_r`` with ONE call of the public op; (2) ONE all-gather of every
+rank's ``S_r`` and ``n_r``; (3) the scan above (P small elementwise steps, the same on every rank); (4) the
+inter-rank term, one batched matmul ``[T_r, K] × [K, V]`` per (batch, head).
 The blocking rank-to-rank chain of LASP-1 becomes one collective whose volume is independent of T
 (:mod:`lightning_attention.distributed.comm_volume`).
 
@@ -22,12 +27,13 @@ Backward is the mirror image. Write G(r) = dL/dS_in(r) (all ranks' losses togeth
     G(r) = dL_r/dS_in(r) + λ^(n_r) G(r+1)           rank r's own use of S_in(r), plus its effect on S_in(r+1)
     dL/dS_r = G(r + 1),   dL/dh0 = G(0)             every rank receives the full gradient of h0
 
-so ONE all-gather of every rank's ``dL_r/dS_in(r)`` (and ``dL_r/dfinal``) gives each rank what it needs. The
-autograd graph of the two local calls of the public op carries those gradients to q, k and v.
+so ONE all-gather of every rank's ``dL_r/dS_in(r)`` (and ``dL_r/dfinal``) gives each rank what it needs. Autograd
+carries those gradients to q (through the inter-rank term) and to q, k, v (through the public op's backward, which
+receives do for o_local and dL/dS_r for its final state together).
 
 Why exactly one collective per direction: autograd may run independent backward branches in a different order on
 different ranks, and gloo silently pairs up collectives of equal shape in issue order. Here the single backward
-collective sits between the backward of the output call (which produces dL/dS_in) and that of the state call
+collective sits between the backward of the inter-rank term (which produces dL/dS_in) and that of the op call
 (which consumes dL/dS_r), so its place in the order is fixed by data dependencies.
 """
 
@@ -150,6 +156,20 @@ def _empty_output(q, k, v, incoming) -> torch.Tensor:
     return anchor.to(q.dtype).expand(B, 0, H, v.shape[-1])
 
 
+def _incoming_term(q, slope, incoming, scale) -> torch.Tensor:
+    """``scale · λ^(t+1) q_t S_in`` for the T_r local positions t: ``[B, T_r, H, V]`` in q.dtype.
+
+    q ``[B, T_r, H, K]``; incoming ``[B, H, K, V]`` float32; slope ``[H]`` or None. Arithmetic in the state dtype
+    (the fp32 state is never rounded to the input dtype here); the decay exponent t+1 is formed in float64.
+    """
+    T, H = q.shape[1], q.shape[2]
+    qf = q.to(incoming.dtype)
+    if slope is not None:
+        t = torch.arange(1, T + 1, device=q.device, dtype=torch.float64)
+        qf = qf * torch.exp(-slope.to(torch.float64)[None, :] * t[:, None]).to(incoming.dtype)[None, :, :, None]
+    return (scale * torch.einsum("bthk,bhkv->bthv", qf, incoming)).to(q.dtype)
+
+
 def _state_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype of the states the public op returns for inputs of ``dtype`` (float64 only for fp64 references)."""
     return torch.float64 if dtype == torch.float64 else torch.float32
@@ -192,8 +212,8 @@ def lightning_attn_sp(
     Every rank of ``group`` must call this with the same B, H, K, V, dtype and flags, and, when training, must
     backpropagate through its output (an all-gather runs in forward and one in backward, as with DDP).
     Communication per call: one all-gather of ``[B, H, K, V]`` states in each direction, independent of T
-    (:func:`~lightning_attention.distributed.comm_volume.sp_communication_bytes`). Compute: the public op runs twice
-    per rank (local state from zero, then the output from the incoming state).
+    (:func:`~lightning_attention.distributed.comm_volume.sp_communication_bytes`). Compute: one call of the public
+    op per rank plus the inter-rank term ``λ^(t+1) q_t S_in`` (2·T_r·K·V FLOP per head, like one inter-chunk product).
     """
     check_lightning_attn_inputs(
         q,
@@ -216,15 +236,14 @@ def lightning_attn_sp(
     B, T, H, K = q.shape
     V = v.shape[-1]
     if T > 0:
-        # The output of this call is discarded: the public op is the only way to the state (kernels are not ours).
-        _, local_state = lightning_attn(q, k, v, slope, scale=scale, output_final_state=True)
+        o_local, local_state = lightning_attn(q, k, v, slope, scale=scale, output_final_state=True)
     else:
         local_state = torch.zeros(B, H, K, V, dtype=_state_dtype(q.dtype), device=q.device)
     incoming, final_state = _StateExchange.apply(
         local_state, initial_state, slope, T, group, world_size, rank, output_final_state
     )
     if T > 0:
-        o, _ = lightning_attn(q, k, v, slope, scale=scale, initial_state=incoming)
+        o = o_local + _incoming_term(q, slope, incoming, scale)
     else:
         o = _empty_output(q, k, v, incoming)
     return o, (final_state if output_final_state else None)
