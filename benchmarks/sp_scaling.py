@@ -16,7 +16,8 @@ Three measurements, written as one JSON by rank 0:
    ranks agree on success through a gloo all-reduce). The ranks run identical shapes, so they run out of memory at
    the same allocation; should one not, the NCCL timeout (``--timeout-min``) ends the run instead of a hang.
 2. **Tokens/s** at ``--fixed-len`` (global T): one GPU vs the SP group, median of ``--iters`` timed steps after
-   warm-up. SP runs the attention op twice per rank (local state, then output), which the ratio includes.
+   warm-up. SP runs the attention op once per rank plus the inter-rank term λ^(t+1) q_t S_in, which the ratio
+   includes.
 3. **Communication bytes per layer** recorded from the collectives that ``lightning_attn_sp`` issues at two T
    (``--comm-lens``), next to the prediction ``sp_communication_bytes``: the same bytes at every T.
 
