@@ -283,3 +283,21 @@ def test_inter_only_rejects_bad_chunk_size():
     q = torch.randn(1, 8, 1, 16, device=DEVICE)
     with pytest.raises(ValueError, match="chunk_size"):
         lightning_attn_inter_triton(q, q, q, None, chunk_size=24)
+
+
+def test_auto_backward_picks_recompute_below_128kb_of_shared_memory(monkeypatch):
+    """backward="auto": the recompute backward on GPUs with < 128 KB of shared memory per block (sm_86/89/120),
+    the chunk backward on sm_80/sm_90 and off CUDA; explicit choices are obeyed."""
+    from types import SimpleNamespace
+
+    from lightning_attention.ops.lightning import chunk
+
+    cuda = torch.device("cuda", 0)
+    for smem, expected in ((101_376, True), (166_912, False), (232_448, False)):
+        monkeypatch.setattr(
+            torch.cuda, "get_device_properties", lambda device, smem=smem: SimpleNamespace(shared_memory_per_block_optin=smem)
+        )
+        assert chunk._use_recompute_backward("auto", cuda) is expected
+    assert chunk._use_recompute_backward("auto", torch.device("cpu")) is False
+    assert chunk._use_recompute_backward("recompute", torch.device("cpu")) is True
+    assert chunk._use_recompute_backward("chunk", cuda) is False
