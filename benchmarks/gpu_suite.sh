@@ -39,7 +39,7 @@ for stage in ${stages//,/ }; do
         kernels_b) run kernels_b 200 python3 -m lightning_attention.bench kernels --grid b --out "$res/kernels_b" ;;
         head_dims) run head_dims 200 python3 -m lightning_attention.bench kernels --grid a --head-dims 64,256 \
                        --ours chunk --out "$res/head_dims" ;;
-        decode) run decode 80 python3 -m lightning_attention.bench decode --out "$res/decode" ;;
+        decode) run decode 150 python3 -m lightning_attention.bench decode --out "$res/decode" ;;
         recompute) run recompute 120 python3 benchmarks/recompute_timing.py --out "$res/recompute_timing.json" ;;
         hybrid) run hybrid 120 python3 -m lightning_attention.bench hybrid --out "$res/hybrid" ;;
         smem) run smem 120 python3 benchmarks/recompute_smem_table.py --dims all --jobs 16 \
