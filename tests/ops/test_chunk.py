@@ -207,7 +207,6 @@ def test_no_grad_inputs_and_repeatability(triton_backend):
     assert torch.equal(o1, o2) and torch.equal(h1, h2)
 
 
-# ---------------------------------------------------------------------------------------------------------------------
 # inter-only mode (the linear half of hybrid chunk attention, issue 7)
 
 

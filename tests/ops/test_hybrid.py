@@ -159,7 +159,7 @@ def test_inter_bad_chunk_size():
         lightning_attn_inter(q, k, v, chunk_size=2.5)
 
 
-# ---- hybrid -------------------------------------------------------------------------------------------------------
+# hybrid
 
 
 @pytest.mark.parametrize("C", [1, 7, 16, 200])

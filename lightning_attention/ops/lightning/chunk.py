@@ -50,7 +50,6 @@ MAX_HEAD_DIM = 256
 CHUNK_BACKWARD_MIN_SHARED = 128 * 1024
 
 
-# ---------------------------------------------------------------------------------------------------------------------
 # segment plan
 
 
@@ -132,7 +131,6 @@ def plan_segments(q, v, cu_seqlens, cu_seqlens_cpu, align: int = 0) -> SegmentPl
     return SegmentPlan(varlen=2, segmented=True, total=len(rows), seg_table=table, seq_segs=csr)
 
 
-# ---------------------------------------------------------------------------------------------------------------------
 # launchers
 
 
@@ -325,7 +323,6 @@ def chunk_backward(q, k, v, do, dht, slope, h0, cu_seqlens, cu_seqlens_cpu, scal
     return dq, dk, dv, dh0
 
 
-# ---------------------------------------------------------------------------------------------------------------------
 # torch.library ops (custom_op + register_fake: the interpreter cannot run on fake tensors, so no triton_op)
 
 
@@ -448,7 +445,6 @@ def _(q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale,
     )
 
 
-# ---------------------------------------------------------------------------------------------------------------------
 # autograd
 
 
