@@ -16,25 +16,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tests.conftest import _called_from_package, _poison
+from tests import conftest
 
 
 def install_nan_poison() -> None:
-    """Child-side twin of the ``poison_empty`` fixture (a spawned process does not run pytest fixtures)."""
-
-    def wrap(fn):
-        def poisoned(*args, **kwargs):
-            t = fn(*args, **kwargs)
-            if _called_from_package():
-                _poison(t)
-            return t
-
-        return poisoned
-
-    torch.empty = wrap(torch.empty)
-    torch.empty_like = wrap(torch.empty_like)
-    torch.empty_strided = wrap(torch.empty_strided)
-    torch.Tensor.new_empty = wrap(torch.Tensor.new_empty)
+    """Child-side twin of the ``poison_empty`` fixture (a spawned process runs no pytest fixtures): importing
+    tests.conftest wrapped the allocators; switch their poisoning on for the life of the child."""
+    conftest._POISON_ACTIVE[0] = True
 
 
 def _child(rank: int, world_size: int, workdir: str, job) -> None:
