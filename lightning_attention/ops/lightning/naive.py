@@ -158,15 +158,15 @@ def chunk_lightning_attn(
     pos = torch.arange(C, device=q.device, dtype=ct)
     lengths = torch.full((NT,), C, device=q.device, dtype=ct)
     lengths[-1] = T - (NT - 1) * C
-    dist = pos[:, None] - pos[None, :]
-    # D[h, i, j] = λ_h^(i-j) on and below the diagonal
-    intra_decay = torch.exp(torch.where(dist >= 0, -s[:, None, None] * dist, torch.full_like(dist, float("-inf"))))
     q_decay = torch.exp(-s[None, :] * (pos[:, None] + 1))  # [C, H]: λ^(i+1)
     # [NT, C, H]: λ^(L_n-1-j); padded positions get λ^(negative) but multiply zero k rows, clamp keeps them finite
     k_decay = torch.exp(-s[None, None, :] * (lengths[:, None, None] - 1 - pos[None, :, None]).clamp_min(0))
     block_decay = torch.exp(-s[None, :] * lengths[:, None])  # [NT, H]: λ^L
 
     if intra:
+        dist = pos[:, None] - pos[None, :]
+        # D[h, i, j] = λ_h^(i-j) on and below the diagonal
+        intra_decay = torch.exp(torch.where(dist >= 0, -s[:, None, None] * dist, torch.full_like(dist, float("-inf"))))
         scores = torch.einsum("bnihk,bnjhk->bnhij", qc, kc) * intra_decay  # [B, NT, H, C, C]
         o = torch.einsum("bnhij,bnjhv->bnihv", scores, vc)
     local_states = torch.einsum("bnjhk,bnjhv->bnhkv", kc * k_decay[None, :, :, :, None], vc)  # [B, NT, H, K, V]
