@@ -20,17 +20,23 @@ from triton.backends.compiler import GPUTarget
 
 from lightning_attention.ops.lightning.kernels.configs import (
     SHARED_LIMITS,
+    dkdv_autotune_configs,
+    dkdv_state_bytes,
+    estimate_dkdv_shared_bytes,
     estimate_shared_bytes,
     padded_dim,
     select_configs,
+    select_dkdv_configs,
+    use_dkdv_walk,
     walk_autotune_configs,
 )
+from lightning_attention.ops.lightning.kernels.dkdv_walk import lightning_dkdv_kernel
 from lightning_attention.ops.lightning.kernels.walk import lightning_scan_kernel, lightning_walk_kernel
 
 ELEM_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 INTER_PREC = {"bf16": "input", "fp16": "tf32", "fp32": "ieee"}  # as chunk._precisions picks them
-_IO_POINTERS = {"q", "k", "v", "o"}
-_STATE_POINTERS = {"slope", "h0", "ht", "states"}
+_IO_POINTERS = {"q", "k", "v", "o", "do", "dk", "dv"}
+_STATE_POINTERS = {"slope", "h0", "ht", "states", "dht", "dh0"}
 _INT_POINTERS = {"cu_seqlens", "seg_table", "seq_segs"}
 
 
@@ -54,8 +60,14 @@ def signature(fn, dtype: str) -> dict:
     return sig
 
 
-def dispatcher_configs(cc: int, dtype: str, DK: int, DV: int):
-    return select_configs(walk_autotune_configs(), DK, DV, ELEM_BYTES[dtype], SHARED_LIMITS[cc])
+def dispatcher_configs(cc: int, dtype: str, DK: int, DV: int, flags: dict):
+    """What the walk's pruning keeps on ``cc`` (the inter-only mode: its fixed-BT space with BT = flags["BT"])."""
+    if flags.get("INTER_ONLY"):
+        space = walk_autotune_configs(fixed_bt=True)
+        cfgs = select_configs(space, DK, DV, ELEM_BYTES[dtype], SHARED_LIMITS[cc], fixed_bt=flags["BT"], inter_only=True)
+        return [triton.Config({"BT": flags["BT"], **c.kwargs}, num_warps=c.num_warps, num_stages=c.num_stages) for c in cfgs]
+    space = walk_autotune_configs(state_only=flags.get("STATE_ONLY", False))
+    return select_configs(space, DK, DV, ELEM_BYTES[dtype], SHARED_LIMITS[cc])
 
 
 def build_walk(cc: int, dtype: str, DK: int, DV: int, cfg, flags: dict) -> dict:
@@ -65,7 +77,7 @@ def build_walk(cc: int, dtype: str, DK: int, DV: int, cfg, flags: dict) -> dict:
     constexprs = dict(
         DK=DK, DV=DV, BT=BT, BK=padded_dim(DK), BV=BV,
         VARLEN=0, REVERSE=False, HAS_DECAY=True, USE_H0=True, STORE_HT=True, SEG_IN=False, STATE_ONLY=False,
-        ACC=tl.float32, DOT_PREC="ieee" if exact else None, INTER_PREC=INTER_PREC[dtype],
+        INTER_ONLY=False, ACC=tl.float32, DOT_PREC="ieee" if exact else None, INTER_PREC=INTER_PREC[dtype],
     )  # fmt: skip
     constexprs.update(flags)
     src = triton.compiler.ASTSource(fn=fn, signature=signature(fn, dtype), constexprs=constexprs)
@@ -75,8 +87,39 @@ def build_walk(cc: int, dtype: str, DK: int, DV: int, cfg, flags: dict) -> dict:
         "kernel": "walk", "cc": cc, "dtype": dtype, "DK": DK, "DV": DV, "BT": BT, "BV": BV, "flags": flags,
         "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "shared": kernel.metadata.shared,
         "limit": SHARED_LIMITS[cc],
-        "estimate": estimate_shared_bytes(BT, padded_dim(DK), BV, cfg.num_stages, ELEM_BYTES[dtype]),
+        "estimate": estimate_shared_bytes(
+            BT, padded_dim(DK), BV, cfg.num_stages, ELEM_BYTES[dtype], bool(constexprs["INTER_ONLY"])
+        ),
     }  # fmt: skip
+
+
+def build_dkdv(cc: int, dtype: str, DK: int, DV: int, cfg, flags: dict) -> dict:
+    fn = lightning_dkdv_kernel.fn
+    exact = dtype == "fp32"
+    BT, BK, BV = cfg.kwargs["BT"], padded_dim(DK), padded_dim(DV)
+    constexprs = dict(
+        DK=DK, DV=DV, BT=BT, BK=BK, BV=BV, VARLEN=0, HAS_DECAY=True, USE_H0=True, STORE_HT=True, SEG_IN=False,
+        INTER_ONLY=False, ACC=tl.float32, DOT_PREC="ieee" if exact else None, INTER_PREC=INTER_PREC[dtype],
+    )  # fmt: skip
+    constexprs.update(flags)
+    src = triton.compiler.ASTSource(fn=fn, signature=signature(fn, dtype), constexprs=constexprs)
+    options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    kernel = triton.compile(src, target=GPUTarget("cuda", cc, 32), options=options)
+    state_bytes = dkdv_state_bytes(INTER_PREC[dtype])
+    return {
+        "kernel": "dkdv", "cc": cc, "dtype": dtype, "DK": DK, "DV": DV, "BT": BT, "BV": BV, "flags": flags,
+        "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "shared": kernel.metadata.shared,
+        "limit": SHARED_LIMITS[cc],
+        "estimate": estimate_dkdv_shared_bytes(BT, BK, BV, cfg.num_stages, ELEM_BYTES[dtype], state_bytes),
+    }  # fmt: skip
+
+
+def dkdv_jobs(cc: int, dtype: str, DK: int, DV: int) -> list:
+    """What the launcher can pick for the fused dk/dv walk on ``cc`` (nothing when it falls back to two walks)."""
+    state_bytes = dkdv_state_bytes(INTER_PREC[dtype])
+    if not use_dkdv_walk(DK, DV, ELEM_BYTES[dtype], state_bytes, SHARED_LIMITS[cc]):
+        return []
+    return select_dkdv_configs(dkdv_autotune_configs(), DK, DV, ELEM_BYTES[dtype], state_bytes, SHARED_LIMITS[cc])
 
 
 def build_scan(cc: int) -> dict:
@@ -93,10 +136,15 @@ def build_scan(cc: int) -> dict:
 def run_job(job: dict) -> list[dict]:
     if job.get("kernel") == "scan":
         return [build_scan(job["cc"])]
-    cfgs = dispatcher_configs(job["cc"], job["dtype"], job["DK"], job["DV"])
     which = job.get("which", "all")
+    flags = job.get("flags", {})
+    if job.get("kernel") == "dkdv":
+        cfgs, build_one = dkdv_jobs(job["cc"], job["dtype"], job["DK"], job["DV"]), build_dkdv
+    else:
+        cfgs = dispatcher_configs(job["cc"], job["dtype"], job["DK"], job["DV"], flags)
+        build_one = build_walk
     cfgs = cfgs[:1] if which == "first" else cfgs[-1:] if which == "last" else cfgs
-    return [build_walk(job["cc"], job["dtype"], job["DK"], job["DV"], c, job.get("flags", {})) for c in cfgs]
+    return [build_one(job["cc"], job["dtype"], job["DK"], job["DV"], c, flags) for c in cfgs]
 
 
 def main(argv: list[str]) -> int:

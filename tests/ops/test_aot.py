@@ -25,6 +25,8 @@ ARCHS = (80, 90, 120)
 FULL_FORWARD = {}  # default flags: forward walk with h0 and final state (the largest live set)
 REVERSE_SEGMENTED = {"REVERSE": True, "SEG_IN": True, "USE_H0": False, "STORE_HT": False}
 PRE_PASS_VARLEN = {"STATE_ONLY": True, "USE_H0": False, "STORE_HT": False, "VARLEN": 2}
+# hybrid attention's default: chunks of 256 tokens, normalised values (V + 1 columns), inter-only reverse walk
+INTER_ONLY_256 = {"INTER_ONLY": True, "BT": 256, "REVERSE": True}
 
 
 def build(jobs: list[dict], timeout: int = 600) -> list[dict]:
@@ -65,6 +67,8 @@ def ci_builds():
     jobs += [{"cc": cc, "dtype": "fp16", "DK": 64, "DV": 64, "flags": PRE_PASS_VARLEN, "which": "first"} for cc in ARCHS]
     jobs += [{"cc": 90, "dtype": "fp32", "DK": 48, "DV": 40, "flags": {"VARLEN": 1}, "which": "last"}]
     jobs += [{"kernel": "scan", "cc": cc} for cc in ARCHS]
+    jobs += [{"kernel": "dkdv", "cc": cc, "dtype": dt, "DK": 128, "DV": 128} for cc in ARCHS for dt in ("bf16", "fp16")]
+    jobs += [{"cc": cc, "dtype": "bf16", "DK": 128, "DV": 129, "flags": INTER_ONLY_256, "which": "first"} for cc in (80, 90)]
     return build(jobs)
 
 
@@ -99,3 +103,28 @@ def test_bf16_k256_configs_fit_all(cc, slow_requested):
 @pytest.mark.parametrize("cc", ARCHS)
 def test_fp32_configs_fit_all(cc, slow_requested):
     check(build([{"cc": cc, "dtype": "fp32", "DK": d, "DV": d} for d in (64, 128, 256)], timeout=3600))
+
+
+@pytest.mark.parametrize("cc", ARCHS)
+def test_fused_dkdv_walk_configs_fit(ci_builds, cc):
+    """Every configuration of the fused dk/dv walk the launcher can pick fits; bf16 at K = V = 128 uses it on every
+    target (fp16, whose G operand is fp32, may fall back to the two walks where shared memory is small)."""
+    builds = [r for r in ci_builds if r["kernel"] == "dkdv" and r["cc"] == cc]
+    assert any(r["dtype"] == "bf16" for r in builds)
+    check(builds)
+
+
+@pytest.mark.parametrize("cc", (80, 90))
+def test_inter_only_chunks_of_256_fit(ci_builds, cc):
+    """The hybrid attention's default chunk of 256 tokens in the inter-only walk fits where the launcher uses it;
+    under ~100 KB of shared memory (sm_86/89/120) the launcher sends it to the PyTorch path instead."""
+    check([r for r in ci_builds if r["kernel"] == "walk" and r["cc"] == cc and r["flags"] == INTER_ONLY_256])
+
+
+def test_inter_only_fit_rule():
+    from lightning_attention.ops.lightning.kernels.configs import SHARED_LIMITS, inter_only_fits
+
+    assert inter_only_fits(256, 128, 129, 2, SHARED_LIMITS[90])
+    assert inter_only_fits(256, 128, 129, 2, SHARED_LIMITS[80])
+    assert not inter_only_fits(256, 128, 129, 2, SHARED_LIMITS[120])
+    assert inter_only_fits(64, 128, 129, 2, SHARED_LIMITS[120])

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import lightning_attention as la
-from lightning_attention.ops.lightning import naive
+from lightning_attention.ops.lightning import chunk, naive
 from lightning_attention.utils.testing import assert_close
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -156,6 +156,49 @@ def test_segmented_equals_unsegmented_path_in_fp32(triton_backend):
     o2, h2 = la.lightning_attn(q, k, v, slope, initial_state=h0, output_final_state=True)
     assert_close("o", o2, o1.detach(), 1e-6)
     assert_close("final_state", h2, h1.detach(), 1e-6)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case("two-walks-segments-h0", T=150, K=32, V=48, decay="mixed", seg=64, H=3),
+        Case("two-walks-varlen-cpu-segments-bf16", T=116, K=64, V=32, cu=(0, 0, 1, 16, 16, 116), cu_cpu=True, seg=32,
+             dtype=torch.bfloat16),
+    ],
+    ids=lambda c: c.id,
+)  # fmt: skip
+def test_two_walk_backward_on_segments_matches_float64(case, triton_backend):
+    """dk and dv from the two reverse walks (the default) with ``LIGHTNING_ATTENTION_DKDV=0`` set explicitly."""
+    triton_backend.setenv("LIGHTNING_ATTENTION_DKDV", "0")
+    check_case(case, triton_backend)
+
+
+FUSED_CASES = [c for c in CASES if max(c.K, c.V) <= 128 and c.T > 0]
+
+
+@pytest.mark.parametrize("case", FUSED_CASES, ids=lambda c: c.id)
+def test_fused_dkdv_walk_matches_float64(case, triton_backend):
+    """The opt-in fused dk/dv walk (``LIGHTNING_ATTENTION_DKDV=1``) on every case it applies to (head dims <= 128),
+    segmented, varlen and strided ones included."""
+    triton_backend.setenv("LIGHTNING_ATTENTION_DKDV", "1")
+    check_case(case, triton_backend)
+
+
+@pytest.mark.parametrize(
+    "length, programs, expected",
+    [
+        (2048, 1024, 0),  # grid (a) at 2K: 1024 programs already fill 264 slots
+        (8192, 256, 0),  # one round of 256 programs either way: the pre-pass would only add work
+        (16384, 128, 8192),  # 128 programs -> 256 programs of 8K
+        (32768, 64, 8192),  # 64 -> 256
+        (131072, 32, 16384),  # batch 1, 16 heads: 32 -> 256
+        (1 << 20, 32, 131072),
+        (4096, 32, 1024),  # short sequences: segments no shorter than the workspace bound
+    ],
+)
+def test_segment_length_rule(length, programs, expected):
+    """The segment plan on a 132-SM GPU (2 walk programs per SM), segments of at least 1,024 tokens (bf16, V = 128)."""
+    assert chunk.best_segment_len(length, programs, slots=264, min_len=1024) == expected
 
 
 def test_gradcheck_float64_on_triton_path(triton_backend):

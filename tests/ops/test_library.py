@@ -52,6 +52,26 @@ def test_opcheck_backward_op():
     )
 
 
+def test_opcheck_segmented_forward_and_backward_with_saved_states(monkeypatch):
+    """A segmented plan: the forward op's third output (the segment states, shaped by the fake from the plan) and
+    the backward op taking them back."""
+    monkeypatch.setenv("LIGHTNING_ATTENTION_SEGMENT_LEN", "16")
+    q, k, v, h0, slope = _tensors()
+    fwd_args = (q, k, v, slope, h0, None, None, 0.5, True)
+    torch.library.opcheck(torch.ops.lightning_attention.chunk_fwd.default, fwd_args, test_utils=OPCHECK_TESTS)
+    _, _, seg_states = torch.ops.lightning_attention.chunk_fwd(*fwd_args)
+    assert seg_states.shape == (3, 2, q.shape[-1], v.shape[-1])  # T = 40 in segments of 16
+    do, dht = torch.randn_like(v), torch.randn_like(h0)
+    bwd_args = (q, k, v, do, dht, slope, h0, None, None, 0.5, 0)
+    torch.library.opcheck(
+        torch.ops.lightning_attention.chunk_bwd.default, (*bwd_args, seg_states), test_utils=OPCHECK_TESTS
+    )
+    with_states = torch.ops.lightning_attention.chunk_bwd(*bwd_args, seg_states)
+    recomputed = torch.ops.lightning_attention.chunk_bwd(*bwd_args, None)
+    for a, b in zip(with_states, recomputed):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
 def test_opcheck_autograd_registration():
     """The ops are called under the autograd.Function: with inputs that require grad, opcheck checks that autograd
     does not silently drop the gradient."""

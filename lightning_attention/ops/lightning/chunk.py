@@ -5,24 +5,28 @@ Every pass is one run of the chunk walk (:mod:`lightning_attention.ops.lightning
 
 - forward: ``o`` (and the final state) in one walk over q, k, v;
 - backward: ``dq`` = the forward walk of (do, v, k) from h0ᵀ; ``dv``, ``dk`` = reverse walks of (k, q, do) and
-  (v, do, q) through the reverse-time state G_t = λ G_{t+1} + scale·q_tᵀ do_t (G_{T-1} includes dht);
+  (v, do, q) through the reverse-time state G_t = λ G_{t+1} + scale·q_tᵀ do_t (G_{T-1} includes dht), or both
+  from one fused reverse walk (:mod:`~lightning_attention.ops.lightning.kernels.dkdv_walk`, opt-in);
   ``dh0`` = λ·G_0. Derivation, FLOP and byte counts: ``ops/lightning/README.md``.
 
 Nothing per chunk is ever written to memory. When (sequences × heads × V tiles) would not fill the GPU (long
 sequences, small batch), each sequence is cut into segments: a pre-pass computes every segment's local state from
 (k, v) in parallel, a short decayed scan turns them into incoming states, and the walk then runs all segments in
-parallel. The segment-state buffer ([segments, H, K, V] fp32) is kept within 25% of one input tensor and lives only
-for the duration of one pass; the backward keeps nothing from the forward but its inputs (no per-chunk states).
+parallel. The segment-state buffer ([segments, H, K, V] fp32) is kept within 25% of one input tensor; the forward's
+is saved for the backward's dq walk (whose incoming states are its transposes), the reverse-time one lives for its
+pass only. No per-chunk state is ever kept.
 
 Environment:
 
 ``LIGHTNING_ATTENTION_SEGMENT_LEN``
     Force segments of this many tokens (a multiple of 16; ``0`` disables segmentation). Default: segments only on
-    CUDA, and only when the grid would have fewer than 2 programs per SM. Tests use it to run the segmented path
+    CUDA, as many as minimise the estimated time (:func:`best_segment_len`). Tests use it to run the segmented path
     at small T under the interpreter. Varlen batches are segmented only when ``cu_seqlens_cpu`` is given (cutting
     sequences needs their lengths on the host, and a device->host copy would synchronise).
 ``LIGHTNING_ATTENTION_KERNEL_CONFIG``
     Pin one launch configuration, see :mod:`lightning_attention.ops.lightning.kernels.configs`.
+``LIGHTNING_ATTENTION_DKDV``
+    ``1``: dk and dv from the fused dk/dv walk where it fits; default ``0``: two reverse walks (faster on an H100).
 ``LIGHTNING_ATTENTION_BF16_INTER``
     ``input`` (default) or ``tf32``: operand precision of the inter-chunk product (λq)·S for bf16 inputs.
 """
@@ -37,14 +41,17 @@ import triton
 import triton.language as tl
 
 from lightning_attention.ops.lightning import naive
-from lightning_attention.ops.lightning.kernels.configs import padded_dim
+from lightning_attention.ops.lightning.kernels.configs import dkdv_state_bytes, padded_dim, shared_limit, use_dkdv_walk
+from lightning_attention.ops.lightning.kernels.dkdv_walk import lightning_dkdv_fixed_bt_kernel, lightning_dkdv_kernel
 from lightning_attention.ops.lightning.kernels.walk import (
     lightning_scan_kernel,
+    lightning_state_kernel,
     lightning_walk_fixed_bt_kernel,
     lightning_walk_kernel,
 )
 
 ENV_SEGMENT_LEN = "LIGHTNING_ATTENTION_SEGMENT_LEN"
+ENV_DKDV = "LIGHTNING_ATTENTION_DKDV"
 MAX_HEAD_DIM = 256
 # the backward="auto" rule: the chunk backward wants >= 128 KB of shared memory per block (DESIGN §2)
 CHUNK_BACKWARD_MIN_SHARED = 128 * 1024
@@ -77,6 +84,14 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+# walk programs resident per SM at once (the preferred configuration: 255 registers × 128 threads, or one 8-warp
+# program per V = 128 tile); a grid of fewer programs than this × SMs leaves tensor cores idle
+WALK_PROGRAMS_PER_SM = 2
+# a segmented pass costs about this much more than one walk over the same segments: the pre-pass reads (k, v) or
+# (q, do) again (forward 6 tensor passes instead of 4; backward 14 instead of 10)
+SEGMENTED_COST = 1.5
+
+
 def _segment_len(x: torch.Tensor, lengths_total: int, num_seqs: int, H: int, DV: int) -> int:
     """Tokens per segment (0: do not segment). Forced by ``LIGHTNING_ATTENTION_SEGMENT_LEN``, else from the GPU."""
     forced = os.environ.get(ENV_SEGMENT_LEN, "").strip()
@@ -87,14 +102,33 @@ def _segment_len(x: torch.Tensor, lengths_total: int, num_seqs: int, H: int, DV:
         return n
     if not x.is_cuda or num_seqs == 0:
         return 0
-    target = 2 * _sm_count(x.device.index if x.device.index is not None else torch.cuda.current_device())
-    programs = num_seqs * H * triton.cdiv(DV, 64)
-    if programs >= target:
-        return 0
+    slots = WALK_PROGRAMS_PER_SM * _sm_count(x.device.index if x.device.index is not None else torch.cuda.current_device())
     # a segment's fp32 state (4·K·V bytes) must stay within 25% of its q tile (seg·K·elem bytes): seg >= 16·V/elem
     min_len = max(256, 16 * DV // x.element_size())
-    want = triton.cdiv(lengths_total, triton.cdiv(target, H * triton.cdiv(DV, 64)))
-    return triton.cdiv(max(want, min_len), 64) * 64
+    return best_segment_len(triton.cdiv(lengths_total, num_seqs), num_seqs * H * triton.cdiv(DV, 64), slots, min_len)
+
+
+def best_segment_len(length: int, programs: int, slots: int, min_len: int) -> int:
+    """The segment length (a multiple of 64; 0 = one segment) that minimises the estimated time of a walk.
+
+    ``length``: tokens per sequence; ``programs``: programs of the unsegmented walk; ``slots``: programs the GPU
+    runs at once. Programs of equal length run in ``ceil(programs / slots)`` rounds, so cutting every sequence into
+    ns segments costs ``rounds(ns·programs) · length/ns`` token steps, times :data:`SEGMENTED_COST` for the
+    pre-pass. More segments must win by 5%: e.g. on 132 SMs, 256 programs of 8K tokens stay whole (one
+    round either way), 64 programs of 32K become 256 of 8K.
+    """
+
+    def seg_of(ns: int) -> int:
+        return triton.cdiv(triton.cdiv(length, ns), 64) * 64
+
+    def cost(ns: int) -> float:
+        return triton.cdiv(ns * programs, slots) * seg_of(ns) * (1.0 if ns == 1 else SEGMENTED_COST)
+
+    best = 1
+    for ns in range(2, max(1, min(length // min_len, triton.cdiv(4 * slots, programs))) + 1):
+        if cost(ns) < 0.95 * cost(best):  # more segments only for a clear gain (the model is coarse)
+            best = ns
+    return 0 if best == 1 else seg_of(best)
 
 
 def _aligned(seg: int, align: int) -> int:
@@ -144,7 +178,9 @@ def _state_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def _precisions(dtype: torch.dtype):
     """(DOT_PREC, INTER_PREC): exact products for fp32/fp64 inputs; for fp16 the inter product (λq)·S in tf32 on fp32
-    operands (the state is never rounded to fp16: its values outgrow fp16); for bf16 ``LIGHTNING_ATTENTION_BF16_INTER``
+    operands (the state is never rounded to fp16: its values outgrow fp16); for bf16 ``LIGHTNING_ATTENTION_DKDV``
+    ``1``: dk and dv from the fused dk/dv walk where it fits; default ``0``: two reverse walks (faster on an H100).
+``LIGHTNING_ATTENTION_BF16_INTER``
     = ``input`` (default: operands rounded to bf16 for the tensor-core product, as FLA does; 1.25× faster on an H100,
     benchmarks/results/chunk_sweep_h100.json) or ``tf32`` (fp32 operands)."""
     if dtype in (torch.float32, torch.float64):
@@ -172,7 +208,7 @@ def _walk(
     o_ = dummy if o is None else o
     dot_prec, inter_prec = _precisions(q.dtype)
     grid = lambda meta: (triton.cdiv(DV, meta["BV"]) * H * plan.total,)  # noqa: E731
-    kernel, extra = lightning_walk_kernel, {}
+    kernel, extra = (lightning_state_kernel if state_only else lightning_walk_kernel), {}
     if inter_chunk and not state_only:  # the pre-pass's state does not depend on the chunking
         kernel, extra = lightning_walk_fixed_bt_kernel, {"BT": triton.next_power_of_2(inter_chunk)}
     kernel[grid](
@@ -196,6 +232,56 @@ def _walk(
         SEG_IN=seg_in,
         STATE_ONLY=state_only,
         INTER_ONLY=bool(inter_chunk) and not state_only,
+        ACC=_acc(q.dtype),
+        DOT_PREC=dot_prec,
+        INTER_PREC=inter_prec,
+        **extra,
+    )  # fmt: skip
+
+
+def _fused_dkdv_enabled(q: torch.Tensor, DK: int, DV: int) -> bool:
+    """Whether dk and dv come from the fused walk (kernels/dkdv_walk.py) rather than two reverse walks.
+
+    ``LIGHTNING_ATTENTION_DKDV=1`` opts in; the default is the two walks, which are faster on the GPUs measured.
+    H100, bf16, H = 16, K = V = 128, each pass alone (benchmarks/results/h100-2026-11-22b/chunk_passes.json): two
+    walks 0.56 + 0.56 ms vs fused 1.70 ms at B = 32, T = 2K; 0.58 + 0.58 vs 1.43 ms segmented at B = 2, T = 32K.
+    The fused program reads q, k, v, do once instead of twice but holds all of G: one 8-warp program per SM with
+    register spills, against two 4-warp walk programs per SM. It also needs padded head dims <= 128 and enough
+    shared memory on this GPU (else the two walks run regardless)."""
+    if os.environ.get(ENV_DKDV, "0").strip() != "1":
+        return False
+    _, inter_prec = _precisions(q.dtype)
+    limit = shared_limit() if q.is_cuda else None
+    return use_dkdv_walk(DK, DV, q.element_size(), dkdv_state_bytes(inter_prec), limit)
+
+
+def _dkdv(q, k, v, do, dk, dv, *, slope, dht, dh0, g_states, plan, T, H, scale, inter_chunk=0):
+    """One launch of the fused dk/dv reverse walk (kernels/dkdv_walk.py). q, k: [B, T, H, DK]; v, do: [B, T, H, DV];
+    dk, dv: outputs like k, v; dht/dh0: [N, H, DK, DV] or None; g_states: [NSEG, H, DK, DV] incoming G or None."""
+    DK, DV = q.shape[-1], v.shape[-1]
+    dummy = q
+    dot_prec, inter_prec = _precisions(q.dtype)
+    kernel, extra = lightning_dkdv_kernel, {}
+    if inter_chunk:
+        kernel, extra = lightning_dkdv_fixed_bt_kernel, {"BT": triton.next_power_of_2(inter_chunk)}
+    kernel[(H * plan.total,)](
+        q, k, v, do, dk, dv,
+        dummy if slope is None else slope,
+        dummy if dht is None else dht,
+        dummy if dh0 is None else dh0,
+        dummy if g_states is None else g_states,
+        dummy if plan.cu_seqlens is None else plan.cu_seqlens,
+        dummy if plan.seg_table is None else plan.seg_table,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
+        *_state_strides(dht), *_state_strides(dh0), *_state_strides(g_states),
+        float(scale), T, H, plan.per_seq, plan.seg_len, inter_chunk,
+        DK=DK, DV=DV, BK=padded_dim(DK), BV=padded_dim(DV),
+        VARLEN=plan.varlen,
+        HAS_DECAY=slope is not None,
+        USE_H0=dht is not None and not plan.segmented,
+        STORE_HT=dh0 is not None and not plan.segmented,
+        SEG_IN=plan.segmented,
+        INTER_ONLY=bool(inter_chunk),
         ACC=_acc(q.dtype),
         DOT_PREC=dot_prec,
         INTER_PREC=inter_prec,
@@ -242,9 +328,12 @@ def _segmented_states(k, v, *, slope, h0, ht, plan, N, H, T, scale_upd, reverse)
 
 
 def chunk_forward(q, k, v, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk=0):
-    """o [B, T, H, V] in q.dtype and the final state [N, H, K, V] (or None). Inputs already validated.
+    """(o [B, T, H, V] in q.dtype, final state [N, H, K, V] or None, segment states or None). Inputs validated.
 
-    ``inter_chunk`` > 0: o without its intra-chunk term, chunks of that many tokens from each sequence start."""
+    The segment states ([NSEG, H, K, V] fp32, the incoming state of every segment; None unless the plan is
+    segmented) are what the backward's dq walk needs as its own incoming states, transposed: see
+    :func:`chunk_backward`. ``inter_chunk`` > 0: o without its intra-chunk term, chunks of that many tokens from each
+    sequence start."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
@@ -254,7 +343,7 @@ def chunk_forward(q, k, v, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, output_
         ht = None
         if output_final_state:
             ht = h0.to(sdt, copy=True) if h0 is not None else torch.zeros(N, H, K, V, device=q.device, dtype=sdt)
-        return o, ht
+        return o, ht, None
     ht = torch.empty(N, H, K, V, device=q.device, dtype=sdt) if output_final_state else None
     plan = plan_segments(q, v, cu_seqlens, cu_seqlens_cpu, align=inter_chunk)
     states = None
@@ -266,13 +355,17 @@ def chunk_forward(q, k, v, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, output_
         q, k, v, o, slope=slope, h0=h0, ht=ht, states=states, plan=plan, T=T, H=H,
         scale_intra=scale, scale_inter=scale, scale_upd=1.0, reverse=False, state_only=False, inter_chunk=inter_chunk,
     )  # fmt: skip
-    return o, ht
+    return o, ht, states
 
 
-def chunk_backward(q, k, v, do, dht, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, need_dh0, inter_chunk=0):
+def chunk_backward(
+    q, k, v, do, dht, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, need_dh0, inter_chunk=0, fwd_states=None
+):
     """(dq, dk, dv, dh0) of the loss whose gradients w.r.t. o and the final state are ``do`` and ``dht`` (or None).
 
-    dq, dk, dv in the input dtype; dh0 [N, H, K, V] fp32 (None unless ``need_dh0``).
+    dq, dk, dv in the input dtype; dh0 [N, H, K, V] fp32 (None unless ``need_dh0``). ``fwd_states``: the forward's
+    segment states of the same call ([NSEG, H, K, V], from :func:`chunk_forward`) or None; with them the dq walk
+    skips its pre-pass and scan (its incoming states Sᵀ are their transposes).
     """
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -293,7 +386,9 @@ def chunk_backward(q, k, v, do, dht, slope, h0, cu_seqlens, cu_seqlens_cpu, scal
 
     # dq_t = scale · do_t S_tᵀ: the forward walk of (do, v, k) with state Sᵀ [V, K] from h0ᵀ
     states = None
-    if plan.segmented:
+    if plan.segmented and fwd_states is not None and fwd_states.shape[0] == plan.total:
+        states = fwd_states.transpose(-1, -2)
+    elif plan.segmented:
         states = _segmented_states(
             v, k, slope=slope, h0=h0t, ht=None, plan=plan, N=N, H=H, T=T, scale_upd=1.0, reverse=False
         )
@@ -301,7 +396,7 @@ def chunk_backward(q, k, v, do, dht, slope, h0, cu_seqlens, cu_seqlens_cpu, scal
         do, v, k, dq, slope=slope, h0=h0t, ht=None, states=states, plan=plan, T=T, H=H,
         scale_intra=scale, scale_inter=scale, scale_upd=1.0, reverse=False, state_only=False, inter_chunk=inter_chunk,
     )  # fmt: skip
-    del states  # free before the reverse-time buffer: one segment buffer alive at a time
+    del states  # free (unless saved by the forward) before the reverse-time buffer
 
     # reverse time: G_t = λ G_{t+1} + scale · q_tᵀ do_t, G_{T-1} = dht + scale · q_{T-1}ᵀ do_{T-1}
     # dv_t = k_t G_t (walk of (k, q, do)); dk_t = v_t G_tᵀ (walk of (v, do, q) with Gᵀ); dh0 = λ G_0
@@ -312,6 +407,12 @@ def chunk_backward(q, k, v, do, dht, slope, h0, cu_seqlens, cu_seqlens_cpu, scal
             q, do, slope=slope, h0=dht, ht=dh0, plan=plan, N=N, H=H, T=T, scale_upd=scale, reverse=True
         )
         g_states_t = g_states.transpose(-1, -2)
+    if _fused_dkdv_enabled(q, K, V):
+        _dkdv(
+            q, k, v, do, dk, dv, slope=slope, dht=dht, dh0=dh0, g_states=g_states, plan=plan, T=T, H=H, scale=scale,
+            inter_chunk=inter_chunk,
+        )  # fmt: skip
+        return dq, dk, dv, dh0
     _walk(
         k, q, do, dv, slope=slope, h0=dht, ht=dh0, states=g_states, plan=plan, T=T, H=H,
         scale_intra=scale, scale_inter=1.0, scale_upd=scale, reverse=True, state_only=False, inter_chunk=inter_chunk,
@@ -352,21 +453,23 @@ def chunk_fwd_op(
     scale: float,
     output_final_state: bool,
     inter_chunk: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward op: (o [B, T, H, V], final_state [N, H, K, V], or an empty [0] tensor if not requested).
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Forward op: (o [B, T, H, V], final_state [N, H, K, V] or an empty [0] tensor if not requested, segment
+    states [NSEG, H, K, V] for the backward or an empty [0] tensor).
 
+    Segment states are returned for fixed-length batches only (their count is a function of the shapes and the
+    GPU, which the fake implementation can compute; a varlen plan depends on the offsets' values).
     ``inter_chunk`` > 0: the inter-only mode (o without its intra-chunk term, chunks of that many tokens)."""
     with _device_of(q):
-        o, ht = _chunk_forward_op_body(
+        return _chunk_forward_op_body(
             q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk
         )
-    return o, ht
 
 
 def _chunk_forward_op_body(
     q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk
 ):
-    o, ht = chunk_forward(
+    o, ht, states = chunk_forward(
         _last_dim_contiguous(q),
         _last_dim_contiguous(k),
         _last_dim_contiguous(v),
@@ -380,7 +483,9 @@ def _chunk_forward_op_body(
     )
     if ht is None:
         ht = q.new_zeros(0, dtype=_state_dtype(q.dtype))
-    return o, ht
+    if states is None or cu_seqlens is not None:
+        states = q.new_zeros(0, dtype=_state_dtype(q.dtype))
+    return o, ht, states
 
 
 @chunk_fwd_op.register_fake
@@ -389,7 +494,11 @@ def _(q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_f
     V = v.shape[-1]
     o = q.new_empty(B, T, H, V)
     shape = (_num_seqs(q, cu_seqlens), H, K, V) if output_final_state else (0,)
-    return o, q.new_empty(shape, dtype=_state_dtype(q.dtype))
+    seg_shape = (0,)
+    if cu_seqlens is None and T > 0:
+        plan = plan_segments(q, v, None, None, align=inter_chunk)
+        seg_shape = (plan.total, H, K, V) if plan.segmented else (0,)
+    return o, q.new_empty(shape, dtype=_state_dtype(q.dtype)), q.new_empty(seg_shape, dtype=_state_dtype(q.dtype))
 
 
 @torch.library.custom_op("lightning_attention::chunk_bwd", mutates_args=())
@@ -405,16 +514,19 @@ def chunk_bwd_op(
     cu_seqlens_cpu: torch.Tensor | None,
     scale: float,
     inter_chunk: int = 0,
+    fwd_states: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Backward op: (dq, dk, dv, dh0); dh0 is [N, H, K, V] when ``initial_state`` is given, else an empty [0]."""
+    """Backward op: (dq, dk, dv, dh0); dh0 is [N, H, K, V] when ``initial_state`` is given, else an empty [0].
+
+    ``fwd_states``: the forward op's segment states (its third output; empty or None: recomputed)."""
     with _device_of(q):
         return _chunk_backward_op_body(
-            q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, inter_chunk
+            q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, inter_chunk, fwd_states
         )
 
 
 def _chunk_backward_op_body(
-    q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, inter_chunk
+    q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, inter_chunk, fwd_states
 ):
     dq, dk, dv, dh0 = chunk_backward(
         _last_dim_contiguous(q),
@@ -429,6 +541,7 @@ def _chunk_backward_op_body(
         scale,
         initial_state is not None,
         inter_chunk,
+        fwd_states if fwd_states is not None and fwd_states.numel() else None,
     )
     if dh0 is None:
         dh0 = q.new_zeros(0, dtype=_state_dtype(q.dtype))
@@ -436,7 +549,7 @@ def _chunk_backward_op_body(
 
 
 @chunk_bwd_op.register_fake
-def _(q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, inter_chunk=0):
+def _(q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, inter_chunk=0, fwd_states=None):
     B, T, H, K = q.shape
     V = v.shape[-1]
     shape = (_num_seqs(q, cu_seqlens), H, K, V) if initial_state is not None else (0,)
@@ -469,17 +582,19 @@ def _recompute_backward():
 
 
 class LightningAttnFunction(torch.autograd.Function):
-    """Autograd over the two ops. Saves only the inputs: the backward recomputes what it needs, walk by walk."""
+    """Autograd over the two ops. Saves the inputs and, for segmented plans, the forward's segment states (<= 25% of
+    one input): the backward recomputes everything else, walk by walk."""
 
     @staticmethod
     @torch.amp.custom_fwd(device_type="cuda")
     def forward(
         ctx, q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, backward, inter_chunk
     ):
-        o, ht = torch.ops.lightning_attention.chunk_fwd(
+        o, ht, seg_states = torch.ops.lightning_attention.chunk_fwd(
             q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk
         )
-        ctx.save_for_backward(q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu)
+        # the segment states (<= 25% of one input, empty unless segmented) spare the dq walk its pre-pass
+        ctx.save_for_backward(q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, seg_states)
         ctx.scale = scale
         ctx.output_final_state = output_final_state
         ctx.backward_mode = backward
@@ -490,7 +605,7 @@ class LightningAttnFunction(torch.autograd.Function):
     @staticmethod
     @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, do, dht):
-        q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu = ctx.saved_tensors
+        q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, seg_states = ctx.saved_tensors
         if not ctx.output_final_state:
             dht = None
         if do is None:
@@ -503,7 +618,7 @@ class LightningAttnFunction(torch.autograd.Function):
         else:
             dq, dk, dv, dh0 = torch.ops.lightning_attention.chunk_bwd(
                 q, k, v, do.to(q.dtype), dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, ctx.scale,
-                ctx.inter_chunk,
+                ctx.inter_chunk, seg_states,
             )  # fmt: skip
         if initial_state is None:
             dh0 = None

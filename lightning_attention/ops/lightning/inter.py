@@ -51,10 +51,17 @@ def inter_lightning_attn_torch(q, k, v, slope=None, *, chunk_size, scale=1.0, in
     )
 
 
-def triton_supports_chunk_size(chunk_size: int) -> bool:
+def triton_supports_chunk_size(chunk_size: int, q: torch.Tensor | None = None, v: torch.Tensor | None = None) -> bool:
     """The Triton inter-only mode walks chunks of exactly ``chunk_size`` tokens: a multiple of 16 up to 256
-    (tensor-core tiles). Other sizes take the PyTorch path on every device."""
-    return chunk_size % 16 == 0 and 16 <= chunk_size <= 256
+    (tensor-core tiles) whose tiles fit the GPU's shared memory (checked when ``q`` [.., K] and ``v`` [.., V] CUDA
+    tensors are given). Other sizes take the PyTorch path."""
+    if not (chunk_size % 16 == 0 and 16 <= chunk_size <= 256):
+        return False
+    if q is None or v is None or not q.is_cuda:
+        return True
+    from lightning_attention.ops.lightning.kernels.configs import inter_only_fits, shared_limit
+
+    return inter_only_fits(chunk_size, q.shape[-1], v.shape[-1], q.element_size(), shared_limit())
 
 
 def _triton_inter():
@@ -98,7 +105,7 @@ def lightning_attn_inter(
         cu_seqlens=cu_seqlens, cu_seqlens_cpu=None, backward="auto",
     )
     chunk_size = check_chunk_size(chunk_size)
-    if use_triton(q) and triton_supports_chunk_size(chunk_size):
+    if use_triton(q) and triton_supports_chunk_size(chunk_size, q, v):
         fn = _triton_inter()
         if fn is not None:
             return fn(

@@ -31,6 +31,25 @@ _SPACE = (
     (32, 32, 4, 1),
 )
 
+# the segment pre-pass (STATE_ONLY: no q, no o; a decayed Kᵀ V reduction over the segment): bandwidth-bound on
+# (k, v), so the whole value dim in one tile (k read once) and pipelined loads
+_STATE_SPACE = (
+    (64, 128, 8, 3),
+    (64, 64, 4, 3),
+    (64, 64, 4, 1),
+)
+
+# the fused dk/dv walk (kernels/dkdv_walk.py): (BT, num_warps, num_stages), BV = the padded value dim. Registers
+# decide (G alone is 64 per thread at 8 warps): ptxas on sm_90, bf16, K = V = 128 (tests/ops/aot_build.py): BT 64 /
+# 8 warps 255 regs + 1.5 KB spills; BT 32 / 8 warps 255 + 0.3 KB; BT 64 / 4 warps 255 + 1.2 KB
+_DKDV_SPACE = (
+    (64, 8, 1),
+    (32, 8, 1),
+    (32, 4, 1),
+)
+# the fused walk holds the whole [K, V] state: only when both padded head dims are at most this
+DKDV_MAX_DIM = 128
+
 # how many configurations one shape class tunes over: each costs a compile (1-3 s for bf16/fp16) on the first call
 # (cold start target: 15 s for a fwd+bwd, which compiles up to 6 kernel variants); fp32 builds (ieee dots lowered to
 # FMA loops) take 10-40 s each, so fp32 takes the first configuration that fits, untuned
@@ -56,14 +75,16 @@ def _parse_pinned(text: str) -> triton.Config:
     )
 
 
-def walk_autotune_configs(fixed_bt: bool = False) -> list[triton.Config]:
+def walk_autotune_configs(fixed_bt: bool = False, state_only: bool = False) -> list[triton.Config]:
     """The autotune space (one pinned config when ``LIGHTNING_ATTENTION_KERNEL_CONFIG`` is set).
 
     ``fixed_bt``: the caller passes BT (the inter-only mode): configs carry BV, warps and stages only.
+    ``state_only``: the space of the segment pre-pass.
     """
     pinned = os.environ.get(ENV_CONFIG, "").strip()
+    space = _STATE_SPACE if state_only else _SPACE
     configs = [_parse_pinned(pinned)] if pinned else [
-        triton.Config({"BT": bt, "BV": bv}, num_warps=w, num_stages=s) for bt, bv, w, s in _SPACE
+        triton.Config({"BT": bt, "BV": bv}, num_warps=w, num_stages=s) for bt, bv, w, s in space
     ]
     if not fixed_bt:
         return configs
@@ -76,23 +97,71 @@ def walk_autotune_configs(fixed_bt: bool = False) -> list[triton.Config]:
     return out
 
 
+def dkdv_autotune_configs(fixed_bt: bool = False) -> list[triton.Config]:
+    """The fused dk/dv walk's space: BT, warps and stages (BV is the padded value dim, set by the launcher).
+
+    A pinned ``LIGHTNING_ATTENTION_KERNEL_CONFIG`` gives its BT, warps and stages; ``fixed_bt`` drops BT.
+    """
+    pinned = os.environ.get(ENV_CONFIG, "").strip()
+    if pinned:
+        cfg = _parse_pinned(pinned)
+        space = ((cfg.kwargs["BT"], cfg.num_warps, cfg.num_stages),)
+    else:
+        space = _DKDV_SPACE
+    out, seen = [], set()
+    for bt, w, s in space:
+        key = (w, s) if fixed_bt else (bt, w, s)
+        if key not in seen:
+            seen.add(key)
+            out.append(triton.Config({} if fixed_bt else {"BT": bt}, num_warps=w, num_stages=s))
+    return out
+
+
 def padded_dim(d: int) -> int:
     """The power-of-two tile width (>= 16, the smallest tensor-core tile) that covers a head dim of ``d``."""
     return max(16, triton.next_power_of_2(d))
 
 
-def estimate_shared_bytes(BT: int, BK: int, BV: int, num_stages: int, elem_bytes: int) -> int:
+def estimate_shared_bytes(BT: int, BK: int, BV: int, num_stages: int, elem_bytes: int, inter_only: bool = False) -> int:
     """An upper estimate of the shared memory of one walk program, fitted to the compiler's numbers on sm_90 (the
     arch that stages the most operands in shared memory; sm_80/120 builds of the same config use as much or less).
 
     q and k tiles [BT, BK] (halved without pipelining), per value column the fp32 state column used as an mma operand
     plus the v tile column (4·BK + elem·BT bytes, counted twice: layout conversions), and the [BT, BT] score tile.
-    ``tests/ops/test_aot.py`` checks it against compiled kernels.
+    ``inter_only``: no score tile, but the compiler stages more of q, so half a [BT, BK] tile takes its place
+    (sm_90, BT = 256, K = 128: 139,264 B compiled at BV = 32, estimate 163,840; 147,456 at BV = 64, estimate
+    229,376). ``tests/ops/test_aot.py`` checks it against compiled kernels.
     """
     qk = 2 * BT * BK * elem_bytes
     if num_stages < 2:
         qk //= 2
-    return qk + 2 * BV * (4 * BK + elem_bytes * BT) + elem_bytes * BT * BT
+    scores = elem_bytes * BT * (BK // 2 if inter_only else BT)
+    return qk + 2 * BV * (4 * BK + elem_bytes * BT) + scores
+
+
+def estimate_dkdv_shared_bytes(BT: int, BK: int, BV: int, num_stages: int, elem_bytes: int, state_bytes: int) -> int:
+    """An upper estimate of the shared memory of one fused dk/dv program, fitted to the compiler's numbers on sm_90
+    (bf16, K = V = 128: 98,304 B at BT = 64, 73,728 at BT = 32; 131,072 at BT = 64 with an fp32 G operand): the
+    four [BT, BK|BV] input tiles (q, k, v, do; per pipeline stage), 1.5 copies of G as an mma operand
+    (``state_bytes`` per element: 2 when it is rounded to bf16, else 4) and two [BT, BT] score tiles."""
+    tiles = BT * (2 * BK + 2 * BV) * elem_bytes * max(1, num_stages)
+    return tiles + 3 * BK * BV * state_bytes // 2 + 2 * elem_bytes * BT * BT
+
+
+def dkdv_state_bytes(inter_prec: str | None) -> int:
+    """Bytes per element of G as the inter product's operand: bf16 for bf16 inputs in ``input`` mode, else fp32."""
+    return 2 if inter_prec == "input" else 4
+
+
+def use_dkdv_walk(DK: int, DV: int, elem_bytes: int, state_bytes: int, limit: int | None) -> bool:
+    """Whether the fused dk/dv walk applies: its state tile covers the whole [K, V] (padded dims <= 128) and at
+    least one configuration fits the per-block shared memory ``limit`` (None: no limit known, e.g. the CPU)."""
+    BK, BV = padded_dim(DK), padded_dim(DV)
+    if BK > DKDV_MAX_DIM or BV > DKDV_MAX_DIM:
+        return False
+    if limit is None:
+        return True
+    return any(estimate_dkdv_shared_bytes(bt, BK, BV, s, elem_bytes, state_bytes) <= limit for bt, _, s in _DKDV_SPACE)
 
 
 def shared_limit(cc: int | None = None) -> int | None:
@@ -108,7 +177,8 @@ def shared_limit(cc: int | None = None) -> int | None:
 
 
 def select_configs(
-    configs, DK: int, DV: int, elem_bytes: int, limit: int | None, max_configs: int = MAX_TUNED, fixed_bt: int = 0
+    configs, DK: int, DV: int, elem_bytes: int, limit: int | None, max_configs: int = MAX_TUNED, fixed_bt: int = 0,
+    inter_only: bool = False,
 ) -> list[triton.Config]:
     """Clamp BV to the padded value dim, drop duplicates and what would not fit in ``limit`` bytes of shared memory,
     and keep the first ``max_configs`` (the order of the space is the order of preference).
@@ -125,7 +195,7 @@ def select_configs(
         if key in seen:
             continue
         seen.add(key)
-        if limit is not None and estimate_shared_bytes(BT, BK, BV, cfg.num_stages, elem_bytes) > limit:
+        if limit is not None and estimate_shared_bytes(BT, BK, BV, cfg.num_stages, elem_bytes, inter_only) > limit:
             continue
         meta = {"BV": BV} if fixed_bt else {"BT": BT, "BV": BV}
         out.append(triton.Config(meta, num_warps=cfg.num_warps, num_stages=cfg.num_stages))
@@ -133,7 +203,7 @@ def select_configs(
     if not out:
         smallest = min(
             configs,
-            key=lambda c: estimate_shared_bytes(c.kwargs.get("BT", fixed_bt), BK, c.kwargs["BV"], 1, elem_bytes),
+            key=lambda c: estimate_shared_bytes(c.kwargs.get("BT", fixed_bt), BK, c.kwargs["BV"], 1, elem_bytes, inter_only),
         )
         meta = {"BV": min(smallest.kwargs["BV"], BVmax)}
         if not fixed_bt:
@@ -150,4 +220,48 @@ def walk_prune_configs(configs, named_args, **kwargs):
     q = named_args["q"]
     limit = shared_limit() if getattr(q, "is_cuda", False) else None
     max_configs = MAX_TUNED_FP32 if q.element_size() >= 4 else MAX_TUNED
-    return select_configs(configs, DK, DV, q.element_size(), limit, max_configs=max_configs, fixed_bt=fixed_bt)
+    inter_only = bool(kwargs.get("INTER_ONLY", named_args.get("INTER_ONLY", False)))
+    return select_configs(
+        configs, DK, DV, q.element_size(), limit, max_configs=max_configs, fixed_bt=fixed_bt, inter_only=inter_only
+    )
+
+
+def inter_only_fits(chunk_size: int, DK: int, DV: int, elem_bytes: int, limit: int | None) -> bool:
+    """Whether the inter-only walk with chunk tiles of ``chunk_size`` tokens has a configuration within ``limit``
+    bytes of shared memory (None: no limit known). Chunks of 256 tokens fit on sm_90 and sm_80, not under ~100 KB."""
+    if limit is None:
+        return True
+    BT = triton.next_power_of_2(chunk_size)
+    BK = padded_dim(DK)
+    # the pruning keeps the smallest tile, unpipelined, when nothing else fits: that one decides
+    BV = min(min(cfg.kwargs["BV"] for cfg in walk_autotune_configs(fixed_bt=True)), padded_dim(DV))
+    return estimate_shared_bytes(BT, BK, BV, 1, elem_bytes, inter_only=True) <= limit
+
+
+def select_dkdv_configs(
+    configs, DK: int, DV: int, elem_bytes: int, state_bytes: int, limit: int | None, max_configs: int = MAX_TUNED,
+    fixed_bt: int = 0,
+) -> list[triton.Config]:
+    """:func:`select_configs` for the fused dk/dv walk (the launcher only picks it when something fits:
+    :func:`use_dkdv_walk`); never empty (the smallest tiles as the last resort)."""
+    BK, BV = padded_dim(DK), padded_dim(DV)
+
+    def shared(cfg):
+        return estimate_dkdv_shared_bytes(cfg.kwargs.get("BT", fixed_bt), BK, BV, cfg.num_stages, elem_bytes, state_bytes)
+
+    fits = [cfg for cfg in configs if limit is None or shared(cfg) <= limit]
+    return (fits or [min(configs, key=shared)])[:max_configs]
+
+
+def dkdv_prune_configs(configs, named_args, **kwargs):
+    """``early_config_prune`` hook of the fused dk/dv walk."""
+    DK = kwargs.get("DK", named_args.get("DK"))
+    DV = kwargs.get("DV", named_args.get("DV"))
+    fixed_bt = 0 if "BT" in configs[0].kwargs else kwargs.get("BT", named_args.get("BT"))
+    q = named_args["q"]
+    limit = shared_limit() if getattr(q, "is_cuda", False) else None
+    max_configs = MAX_TUNED_FP32 if q.element_size() >= 4 else MAX_TUNED
+    state_bytes = dkdv_state_bytes(kwargs.get("INTER_PREC", named_args.get("INTER_PREC")))
+    return select_dkdv_configs(
+        configs, DK, DV, q.element_size(), state_bytes, limit, max_configs=max_configs, fixed_bt=fixed_bt
+    )

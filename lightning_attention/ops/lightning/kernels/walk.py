@@ -77,6 +77,18 @@ def _segment(i_s, cu_seqlens, seg_table, T, NS, SEG, VARLEN: tl.constexpr):
     return i_n, i_b, bos, eos, first, last
 
 
+@triton.jit
+def decayed_scores(b_a, r, c, scale, HAS_DECAY: tl.constexpr, ACC: tl.constexpr):
+    """scale · (A ⊙ D) for a [BT, BT] score tile A: D_ij = λ^(r_i - r_j) where r_i >= r_j (walk positions r [BT]),
+    else 0. Built directly from the distance (every exponent >= 0: no overflow, no inf·0); λ^x = exp2(-c·x)."""
+    causal = r[:, None] >= r[None, :]
+    if HAS_DECAY:
+        dist = tl.maximum(r[:, None] - r[None, :], 0).to(ACC)
+        return tl.where(causal, b_a * (tl.exp2(-c * dist) * scale), 0.0)
+    else:
+        return tl.where(causal, b_a * scale, 0.0)
+
+
 # batch strides stay specialisable (divisibility by 16 gives the compiler aligned, vectorised loads; T·H·K is a
 # multiple of 16 for any K that is): only lengths and counts are runtime values
 @triton.jit(do_not_specialize=["T", "NS", "SEG", "CS"])
@@ -186,37 +198,34 @@ def _walk_kernel(
 
         if not STATE_ONLY:
             b_q = tl.load(p_q + rows[:, None] * sq_t + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
-            if INTER_ONLY:
-                b_o = tl.zeros([BT, BV], dtype=ACC)
+            # inter: λ^(r+d0) q · S with the factor applied to the product's rows (q goes to the tensor cores as
+            # loaded; no [BT, K] fp32 copy live); the carried state stays fp32, only the product's operands may be
+            # rounded
+            if INTER_PREC == "input":  # bf16 inputs only: S rounded to bf16 (8 exponent bits) for this product
+                b_o = tl.dot(b_q, b_s.to(b_q.dtype), out_dtype=ACC)
             else:
-                # intra: [(Q Kᵀ) ⊙ D] V, D_ij = λ^(r_i - r_j) for r_i >= r_j (direct form: no overflow, no inf·0)
-                b_a = tl.dot(b_q, tl.trans(b_k), out_dtype=ACC, input_precision=DOT_PREC)  # [BT, BT]
-                causal = r[:, None] >= r[None, :]
-                if HAS_DECAY:
-                    dist = tl.maximum(r[:, None] - r[None, :], 0).to(ACC)
-                    b_a = tl.where(causal, b_a * tl.exp2(-c * dist), 0.0)
-                else:
-                    b_a = tl.where(causal, b_a, 0.0)
-                b_a = (b_a * scale_intra).to(b_v.dtype)
-                b_o = tl.dot(b_a, b_v, out_dtype=ACC, input_precision=DOT_PREC)  # [BT, BV]
-            # inter: λ^(r+d0) q · S; the carried state stays fp32, only this product's operands may be rounded
-            b_qs = b_q.to(ACC) * scale_inter
+                b_o = tl.dot(b_q.to(ACC), b_s, out_dtype=ACC, input_precision=INTER_PREC)
             if HAS_DECAY:
-                b_qs = b_qs * tl.where(m_t, tl.exp2(-c * (tl.maximum(r, 0) + d0).to(ACC)), 0.0)[:, None]
-            if INTER_PREC == "input":  # bf16 inputs only: both operands rounded to bf16 (8 exponent bits)
-                b_o += tl.dot(b_qs.to(b_q.dtype), b_s.to(b_q.dtype), out_dtype=ACC)
+                inter_dec = tl.where(m_t, tl.exp2(-c * (tl.maximum(r, 0) + d0).to(ACC)), 0.0) * scale_inter
+                b_o = b_o * inter_dec[:, None]
             else:
-                b_o += tl.dot(b_qs, b_s, out_dtype=ACC, input_precision=INTER_PREC)
+                b_o = b_o * scale_inter
+            if not INTER_ONLY:
+                # intra: [(Q Kᵀ) ⊙ D] V, D_ij = λ^(r_i - r_j) for r_i >= r_j
+                b_a = tl.dot(b_q, tl.trans(b_k), out_dtype=ACC, input_precision=DOT_PREC)  # [BT, BT]
+                b_a = decayed_scores(b_a, r, c, scale_intra, HAS_DECAY, ACC).to(b_v.dtype)
+                b_o = tl.dot(b_a, b_v, b_o, out_dtype=ACC, input_precision=DOT_PREC)  # [BT, BV]
             tl.store(
                 p_o + rows[:, None] * so_t + o_v[None, :],
                 b_o.to(o.dtype.element_ty),
                 mask=m_t[:, None] & m_v[None, :],
             )
 
-        # state update: S = λ^(L-1+d0) S + scale_upd · (λ^(L-1-r) K)ᵀ V, operands in the input dtype
+        # state update: S = λ^(L-1+d0) S + scale_upd · Kᵀ (λ^(L-1-r) V), operands in the input dtype (the row factor
+        # on the [BT, BV] v tile, the smaller operand)
         if HAS_DECAY:
-            b_kd = (b_k.to(ACC) * k_dec[:, None]).to(b_k.dtype)
-            b_s = b_s * blk_dec + scale_upd * tl.dot(tl.trans(b_kd), b_v, out_dtype=ACC, input_precision=DOT_PREC)
+            b_vd = (b_v.to(ACC) * k_dec[:, None]).to(b_v.dtype)
+            b_s = b_s * blk_dec + scale_upd * tl.dot(tl.trans(b_k), b_vd, out_dtype=ACC, input_precision=DOT_PREC)
         else:
             b_s = b_s + scale_upd * tl.dot(tl.trans(b_k), b_v, out_dtype=ACC, input_precision=DOT_PREC)
         if REVERSE:
@@ -240,6 +249,14 @@ _AUTOTUNE_KEY = ["DK", "DV", "VARLEN", "REVERSE", "HAS_DECAY", "STATE_ONLY", "SE
 # BT and BV tuned: the full op (its chunk size is an implementation detail)
 lightning_walk_kernel = triton.autotune(
     configs=walk_autotune_configs(),
+    key=_AUTOTUNE_KEY,
+    prune_configs_by={"early_config_prune": walk_prune_configs},
+    **_CACHE,
+)(_walk_kernel)
+
+# the segment pre-pass (STATE_ONLY): its own space, see configs._STATE_SPACE
+lightning_state_kernel = triton.autotune(
+    configs=walk_autotune_configs(state_only=True),
     key=_AUTOTUNE_KEY,
     prune_configs_by={"early_config_prune": walk_prune_configs},
     **_CACHE,

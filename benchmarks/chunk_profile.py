@@ -1,0 +1,67 @@
+"""Where the time of one ``lightning_attn`` fwd+bwd goes, kernel by kernel (torch.profiler, CUDA time).
+
+Prints, per shape, each kernel's total CUDA time over ``--iters`` fwd+bwd calls divided by the number of calls, and
+writes the table as JSON. Use it to attribute a change measured by ``chunk_timing.py`` to the passes it touched.
+
+    python benchmarks/chunk_profile.py --shapes 32x2048,2x32768,1x131072 --out benchmarks/results/chunk_profile.json
+"""
+
+import argparse
+import json
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import lightning_attention as la
+
+
+def profile_shape(B: int, T: int, H: int = 16, D: int = 128, iters: int = 10, dtype=torch.bfloat16) -> list[dict]:
+    """[{kernel, calls_per_iter, us_per_iter}] for ``iters`` fwd+bwd calls at [B, T, H, D] (bf16, TNL slopes)."""
+    slope = la.tnl_slopes(H, 0, 12).cuda()
+    q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
+    do = torch.randn(B, T, H, D, device="cuda", dtype=dtype)
+
+    def step():
+        o, _ = la.lightning_attn(q, k, v, slope)
+        return torch.autograd.grad(o, (q, k, v), do)
+
+    for _ in range(3):  # compile, autotune, warm
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            step()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        cuda_us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if cuda_us <= 0:
+            continue
+        rows.append({"kernel": e.key[:80], "calls_per_iter": e.count / iters, "us_per_iter": cuda_us / iters})
+    rows.sort(key=lambda r: -r["us_per_iter"])
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="32x2048,8x8192,2x32768,1x131072", help="BxT,...")
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "shapes": {}}
+    for shape in args.shapes.split(","):
+        B, T = (int(x) for x in shape.split("x"))
+        rows = profile_shape(B, T, iters=args.iters)
+        result["shapes"][shape] = rows
+        total = sum(r["us_per_iter"] for r in rows)
+        print(f"== B={B} T={T}: {total / 1e3:.3f} ms of kernels per fwd+bwd", flush=True)
+        for r in rows[:12]:
+            print(f"  {r['us_per_iter']:9.1f} us  x{r['calls_per_iter']:.0f}  {r['kernel']}", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

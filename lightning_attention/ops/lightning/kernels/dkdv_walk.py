@@ -1,0 +1,183 @@
+"""The fused reverse walk: dk and dv of the backward from one reverse-time state G, in one pass over q, k, v, do.
+
+The chunk walk (:mod:`.walk`) computes dv and dk as two reverse walks, (k, q, do) with state G [K, V] and
+(v, do, q) with Gᵀ [V, K]: each reads three tensors and rebuilds the same G. Here one program owns one (segment,
+head) with the *whole* G [K, V] in registers and produces both, per chunk of L <= BT tokens (walk position
+r = L-1-i, the distance from the chunk's last token; derivation in ``ops/lightning/README.md`` §3)::
+
+    dv = scale·[(K Qᵀ) ⊙ D] dO + Λ K G          D_ij = λ^(r_i - r_j) for r_i >= r_j, else 0
+    dk = scale·[(V dOᵀ) ⊙ D] Q + Λ V Gᵀ         Λ = diag(λ^(r_i + d0))
+    G  = λ^(L-1+d0) G + scale·(Λ' Q)ᵀ dO        Λ' = diag(λ^(L-1-r_i))
+
+Bytes: reads q, k, v, do once and writes dk, dv (6 tensor passes instead of 8), and G is updated once per chunk
+instead of twice. The price is registers: G is [BK, BV] with BV covering the whole value dim (dk_t sums over all
+of V), so the fused walk runs only when both padded head dims are <= 128 (G <= 64 KB, 64 fp32 registers per thread
+at 8 warps); larger heads use the two walks. Each program also covers all V columns, so it has the parallelism of
+N·H (half that of the two-tile walks): the segment plan of the call supplies the rest.
+
+Incoming state, exponent offset d0 and the final dh0 = λ^(d0)·G follow the reverse walk of :mod:`.walk` exactly
+(``SEG_IN`` reads the scan's incoming G of the segment, ``USE_H0`` reads dht, not decayed before the first token).
+"""
+
+import triton
+import triton.language as tl
+
+from lightning_attention.ops.lightning.kernels.configs import dkdv_autotune_configs, dkdv_prune_configs
+from lightning_attention.ops.lightning.kernels.walk import _CACHE, RCP_LN2, _segment, decayed_scores
+
+
+@triton.jit(do_not_specialize=["T", "NS", "SEG", "CS"])
+def _dkdv_walk_kernel(
+    q,  # [B, T, H, DK] (strided, last dim contiguous)
+    k,  # [B, T, H, DK]
+    v,  # [B, T, H, DV]
+    do,  # [B, T, H, DV]
+    dk,  # [B, T, H, DK] output
+    dv,  # [B, T, H, DV] output
+    slope,  # [H] float32, λ = exp(-slope) (unused without HAS_DECAY)
+    dht,  # [N, H, DK, DV] gradient of the final state (USE_H0)
+    dh0,  # [N, H, DK, DV] gradient of the initial state (STORE_HT)
+    states,  # [NSEG, H, DK, DV] incoming G of every segment (SEG_IN)
+    cu_seqlens,  # [N + 1] (VARLEN 1)
+    seg_table,  # [NSEG, 4] int32 (VARLEN 2)
+    sq_b, sq_t, sq_h,
+    sk_b, sk_t, sk_h,
+    sv_b, sv_t, sv_h,
+    sdo_b, sdo_t, sdo_h,
+    sdk_b, sdk_t, sdk_h,
+    sdv_b, sdv_t, sdv_h,
+    sht_n, sht_h, sht_k, sht_v,
+    sh0_n, sh0_h, sh0_k, sh0_v,
+    sst_n, sst_h, sst_k, sst_v,
+    scale,
+    T, H, NS, SEG,
+    CS,  # tokens per chunk when > 0 (the inter-only mode), else BT
+    DK: tl.constexpr, DV: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,  # BK >= DK and BV >= DV: one tile covers the state
+    VARLEN: tl.constexpr,
+    HAS_DECAY: tl.constexpr,
+    USE_H0: tl.constexpr,
+    STORE_HT: tl.constexpr,
+    SEG_IN: tl.constexpr,
+    INTER_ONLY: tl.constexpr,
+    ACC: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    INTER_PREC: tl.constexpr,
+):
+    # grid: one program per (head, segment), heads fastest (programs side by side share nothing but run in step)
+    pid = tl.program_id(0)
+    i_h = pid % H
+    i_s = pid // H
+    i_n, i_b, bos, eos, first, last = _segment(i_s, cu_seqlens, seg_table, T, NS, SEG, VARLEN)
+
+    if HAS_DECAY:
+        c = tl.load(slope + i_h).to(ACC) * RCP_LN2  # λ^x = exp2(-c·x)
+    else:
+        c = tl.zeros([], dtype=ACC)
+
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = tl.arange(0, BV)
+    m_k = o_k < DK
+    m_v = o_v < DV
+    m_kv = m_k[:, None] & m_v[None, :]
+    i_b64 = tl.cast(i_b, tl.int64)
+    i_h64 = tl.cast(i_h, tl.int64)
+    p_q = q + i_b64 * sq_b + i_h64 * sq_h
+    p_k = k + i_b64 * sk_b + i_h64 * sk_h
+    p_v = v + i_b64 * sv_b + i_h64 * sv_h
+    p_do = do + i_b64 * sdo_b + i_h64 * sdo_h
+    p_dk = dk + i_b64 * sdk_b + i_h64 * sdk_h
+    p_dv = dv + i_b64 * sdv_b + i_h64 * sdv_h
+
+    # incoming G [BK, BV]: the segment's state from the scan, dht, or zeros
+    b_g = tl.zeros([BK, BV], dtype=ACC)
+    if SEG_IN:
+        p_g = states + tl.cast(i_s, tl.int64) * sst_n + i_h64 * sst_h + o_k[:, None] * sst_k + o_v[None, :] * sst_v
+        b_g = tl.load(p_g, mask=m_kv, other=0.0).to(ACC)
+    elif USE_H0:
+        p_g = dht + tl.cast(i_n, tl.int64) * sht_n + i_h64 * sht_h + o_k[:, None] * sht_k + o_v[None, :] * sht_v
+        b_g = tl.load(p_g, mask=m_kv, other=0.0).to(ACC)
+    # exponent offset: 0 while the walk starts from dht (G_{T-1} = dht + ..., not decayed), else 1
+    d0 = tl.where(last, 0, 1)
+
+    C = tl.where(CS > 0, CS, BT)
+    n_chunks = (eos - bos + C - 1) // C
+    for i_c in range(0, n_chunks):
+        lo = bos + (n_chunks - 1 - i_c) * C
+        L = tl.minimum(lo + C, eos) - lo
+        m_t = o_t < L
+        r = L - 1 - o_t  # walk position (< 0 on padding rows)
+        rows = tl.cast(lo, tl.int64) + o_t
+        m_tk = m_t[:, None] & m_k[None, :]
+        m_tv = m_t[:, None] & m_v[None, :]
+        b_q = tl.load(p_q + rows[:, None] * sq_t + o_k[None, :], mask=m_tk, other=0.0)
+        b_k = tl.load(p_k + rows[:, None] * sk_t + o_k[None, :], mask=m_tk, other=0.0)
+        b_v = tl.load(p_v + rows[:, None] * sv_t + o_v[None, :], mask=m_tv, other=0.0)
+        b_do = tl.load(p_do + rows[:, None] * sdo_t + o_v[None, :], mask=m_tv, other=0.0)
+        # inter factor λ^(r+d0) per row, applied to the product's rows (not to the operands: k and v go to the
+        # tensor cores as loaded, and no [BT, K] fp32 copy is live)
+        if HAS_DECAY:
+            inter_dec = tl.where(m_t, tl.exp2(-c * (tl.maximum(r, 0) + d0).to(ACC)), 0.0)[:, None]
+        # G as the inter product's operand: fp32, or rounded to bf16 for bf16 inputs (the carried G stays fp32)
+        if INTER_PREC == "input":
+            b_gi = b_g.to(b_k.dtype)
+            b_dv = tl.dot(b_k, b_gi, out_dtype=ACC)
+        else:
+            b_gi = b_g
+            b_dv = tl.dot(b_k.to(ACC), b_gi, out_dtype=ACC, input_precision=INTER_PREC)
+        # dv (finished and stored before dk starts: one [BT, BV] accumulator live at a time):
+        # inter λ^(r+d0) k G, intra anti-causal in time (r_i >= r_j) from (k qᵀ) and do
+        if HAS_DECAY:
+            b_dv = b_dv * inter_dec
+        if not INTER_ONLY:
+            b_a = tl.dot(b_k, tl.trans(b_q), out_dtype=ACC, input_precision=DOT_PREC)
+            b_a = decayed_scores(b_a, r, c, scale, HAS_DECAY, ACC).to(b_do.dtype)
+            b_dv = tl.dot(b_a, b_do, b_dv, out_dtype=ACC, input_precision=DOT_PREC)
+        tl.store(p_dv + rows[:, None] * sdv_t + o_v[None, :], b_dv.to(dv.dtype.element_ty), mask=m_tv)
+        # dk: inter λ^(r+d0) v Gᵀ, intra from (v doᵀ) and q
+        if INTER_PREC == "input":
+            b_dk = tl.dot(b_v, tl.trans(b_gi), out_dtype=ACC)
+        else:
+            b_dk = tl.dot(b_v.to(ACC), tl.trans(b_gi), out_dtype=ACC, input_precision=INTER_PREC)
+        if HAS_DECAY:
+            b_dk = b_dk * inter_dec
+        if not INTER_ONLY:
+            b_b = tl.dot(b_v, tl.trans(b_do), out_dtype=ACC, input_precision=DOT_PREC)
+            b_b = decayed_scores(b_b, r, c, scale, HAS_DECAY, ACC).to(b_q.dtype)
+            b_dk = tl.dot(b_b, b_q, b_dk, out_dtype=ACC, input_precision=DOT_PREC)
+        tl.store(p_dk + rows[:, None] * sdk_t + o_k[None, :], b_dk.to(dk.dtype.element_ty), mask=m_tk)
+
+        # G = λ^(L-1+d0) G + scale·(λ^(L-1-r) q)ᵀ do, operands in the input dtype
+        if HAS_DECAY:
+            q_dec = tl.where(m_t, tl.exp2(-c * tl.maximum(L - 1 - r, 0).to(ACC)), 0.0)
+            b_qd = (b_q.to(ACC) * q_dec[:, None]).to(b_q.dtype)
+            blk_dec = tl.exp2(-c * (L - 1 + d0).to(ACC))
+            b_g = b_g * blk_dec + scale * tl.dot(tl.trans(b_qd), b_do, out_dtype=ACC, input_precision=DOT_PREC)
+        else:
+            b_g = b_g + scale * tl.dot(tl.trans(b_q), b_do, out_dtype=ACC, input_precision=DOT_PREC)
+        d0 = d0 * 0 + 1
+
+    if STORE_HT:
+        if HAS_DECAY:
+            b_g = b_g * tl.exp2(-c * d0.to(ACC))  # dh0 = λ G_0 (= dht when the sequence is empty)
+        p_g = dh0 + tl.cast(i_n, tl.int64) * sh0_n + i_h64 * sh0_h + o_k[:, None] * sh0_k + o_v[None, :] * sh0_v
+        tl.store(p_g, b_g.to(dh0.dtype.element_ty), mask=m_kv)
+
+
+_AUTOTUNE_KEY = ["DK", "DV", "VARLEN", "HAS_DECAY", "SEG_IN", "USE_H0", "INTER_ONLY"]
+
+lightning_dkdv_kernel = triton.autotune(
+    configs=dkdv_autotune_configs(),
+    key=_AUTOTUNE_KEY,
+    prune_configs_by={"early_config_prune": dkdv_prune_configs},
+    **_CACHE,
+)(_dkdv_walk_kernel)
+
+# BT given by the caller (the inter-only mode, whose chunks are part of its output)
+lightning_dkdv_fixed_bt_kernel = triton.autotune(
+    configs=dkdv_autotune_configs(fixed_bt=True),
+    key=_AUTOTUNE_KEY + ["BT"],
+    prune_configs_by={"early_config_prune": dkdv_prune_configs},
+    **_CACHE,
+)(_dkdv_walk_kernel)
