@@ -3,7 +3,8 @@
 - :func:`time_decode_step`: one step of :func:`lightning_attention.lightning_attn_decode` (bf16 q/k/v, fp32 state
   pool addressed through ``state_indices``, ``out=``) against FLA's ``fused_recurrent_simple_gla`` with T = 1 (when
   ``fla`` imports and the device is CUDA) and against the floor of reading and writing the fp32 state once.
-- :func:`decode_memory_flat`: a kernel-level loop decoding N tokens of one sequence; peak memory at each N.
+- :func:`decode_memory_flat`: a kernel-level loop decoding N tokens of one sequence (on CUDA as replays of a
+  CUDA graph of 1024 steps, so 1M tokens take seconds); peak memory at each N.
 
 Two clocks, because a decode step at small batch is bound by host overhead, not by the GPU:
 
@@ -194,6 +195,22 @@ def _rss_bytes() -> int | None:
         return None
 
 
+def _graphed_block(step, steps: int, device: torch.device):
+    """Captures ``step(t)`` for t = 0 .. steps - 1 in one CUDA graph (after warm-up calls on a side stream, which
+    compile the kernel and settle its launch path); returns the graph's replay."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for t in range(3):
+            step(t)
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for t in range(steps):
+            step(t)
+    return graph.replay
+
+
 def decode_memory_flat(
     tokens=(1024, 1048576),
     *,
@@ -203,31 +220,55 @@ def decode_memory_flat(
     dtype: torch.dtype = torch.bfloat16,
     device=None,
     ring: int = 64,
+    block: int = 1024,
+    cuda_graph: bool | None = None,
     verbose: bool = True,
 ) -> dict:
     """Decodes ``n`` tokens of one sequence for each ``n`` in ``tokens`` and records the peak memory of each loop.
 
     The loop is what a generator runs, minus the model: each step calls ``lightning_attn_decode`` on the next token
-    (q, k, v cycled from a ring of ``ring`` random tokens so the inputs cost nothing per step) and lets its output
-    go (no ``out=``: the step allocates o and frees it, as a real loop would). The only thing carried between steps
-    is the fp32 state ``[1, heads, k_dim, v_dim]``, so peak memory does not depend on ``n``; a KV cache would grow
-    by ``2 · heads · k_dim · 2`` bytes per token (reported as ``kv_cache_bytes`` for comparison).
+    (q, k, v ``[1, heads, k_dim|v_dim]`` cycled from a ring of ``ring`` random tokens so the inputs cost nothing per
+    step). The only thing carried between steps is the fp32 state ``[1, heads, k_dim, v_dim]``, so peak memory does
+    not depend on ``n``; a KV cache would grow by ``2 · heads · k_dim · 2`` bytes per token (reported as
+    ``kv_cache_bytes`` for comparison).
 
-    Returns ``{"device", "metric", "runs": [{"tokens", "peak_bytes", "start_bytes", "seconds", "state_finite",
-    "kv_cache_bytes"}, ...], "flat": bool}``. On CUDA ``peak_bytes`` is ``torch.cuda.max_memory_allocated`` over the
-    loop; on CPU (no allocator statistics) it is the process RSS after the loop — keep ``tokens`` tiny there.
+    Two ways to run the loop:
+
+    - CUDA graph (default on CUDA): ``block`` consecutive steps (``min(block, min(tokens))``) writing into one
+      ``out`` buffer ``[1, heads, v_dim]`` are captured in one CUDA graph, and ``n`` tokens are ``n // block``
+      replays (plus ``n % block`` eager steps). A Python loop of 1M eager steps costs ~50 s of host time on an H100
+      host; 1024 replays of a 1024-step graph cost the GPU time of the steps. The peak is measured over the replays
+      (the graph was captured, and its kernels compiled, before the first run).
+    - eager (CPU, or ``cuda_graph=False``): one Python call per token, without ``out=`` (the step allocates o and
+      frees it, as a plain generation loop would).
+
+    Returns ``{"device", "metric", "mode", "steps_per_graph", "runs": [{"tokens", "peak_bytes", "start_bytes",
+    "seconds", "us_per_token", "graph_replays", "state_finite", "kv_cache_bytes"}, ...], "flat": bool}``. On CUDA
+    ``peak_bytes`` is ``torch.cuda.max_memory_allocated`` over the run after ``reset_peak_memory_stats`` (an exact
+    allocator count: flat means equal); on CPU (no allocator statistics) it is the process RSS after the loop —
+    keep ``tokens`` tiny there.
     """
     device = _default_device(device)
+    use_graph = device.type == "cuda" and (cuda_graph is None or cuda_graph)
     g = torch.Generator(device="cpu").manual_seed(0)
     slope = la.tnl_slopes(heads, 0, 1).to(device=device, dtype=torch.float32)
     qs, ks = (torch.randn(ring, 1, heads, k_dim, generator=g).to(device=device, dtype=dtype) for _ in range(2))
     vs = torch.randn(ring, 1, heads, v_dim, generator=g).to(device=device, dtype=dtype)
     ks = ks * k_dim**-0.5
-    runs = []
+    state = torch.zeros(1, heads, k_dim, v_dim, device=device, dtype=torch.float32)
+    out = torch.empty(1, heads, v_dim, device=device, dtype=dtype)
+
+    def step(t: int, out=out) -> None:
+        j = t % ring
+        la.lightning_attn_decode(qs[j], ks[j], vs[j], state, slope, out=out)
+
+    steps_per_graph = min(block, *tokens) if use_graph and tokens else 0
     # one step first: compilation and the first launch stay out of every run's seconds
-    la.lightning_attn_decode(qs[0], ks[0], vs[0], torch.zeros(1, heads, k_dim, v_dim, device=device), slope)
+    step(0, out=None)
+    replay = _graphed_block(step, steps_per_graph, device) if steps_per_graph else None
+    runs = []
     for n in tokens:
-        state = torch.zeros(1, heads, k_dim, v_dim, device=device, dtype=torch.float32)
+        state.zero_()
         gc.collect()
         _sync(device)
         if device.type == "cuda":
@@ -235,10 +276,12 @@ def decode_memory_flat(
             start = torch.cuda.memory_allocated(device)
         else:
             start = _rss_bytes()
+        replays = n // steps_per_graph if replay is not None else 0
         t0 = time.perf_counter()
-        for t in range(n):
-            j = t % ring
-            la.lightning_attn_decode(qs[j], ks[j], vs[j], state, slope)
+        for _ in range(replays):
+            replay()
+        for t in range(replays * steps_per_graph, n):
+            step(t, out=out if replay is not None else None)
         _sync(device)
         seconds = time.perf_counter() - t0
         peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else _rss_bytes()
@@ -247,6 +290,8 @@ def decode_memory_flat(
             "peak_bytes": peak,
             "start_bytes": start,
             "seconds": seconds,
+            "us_per_token": seconds / max(n, 1) * 1e6,
+            "graph_replays": replays,
             "state_finite": bool(torch.isfinite(state).all()),
             "kv_cache_bytes": 2 * n * heads * k_dim * torch.finfo(dtype).bits // 8,
         }
@@ -254,10 +299,10 @@ def decode_memory_flat(
         if verbose:
             print(
                 f"decode {n:>9,d} tokens: peak {peak / 2**20:9.3f} MiB (start {start / 2**20:9.3f} MiB), "
-                f"{seconds:8.2f} s, {seconds / max(n, 1) * 1e6:7.2f} us/token; a KV cache would hold "
+                f"{seconds:8.2f} s, {run['us_per_token']:7.2f} us/token"
+                f"{f' ({replays} graph replays)' if replays else ''}; a KV cache would hold "
                 f"{run['kv_cache_bytes'] / 2**20:,.1f} MiB"
             )
-        del state
     peaks = [r["peak_bytes"] for r in runs]
     # CUDA peaks are exact allocator counts: equal means flat. RSS moves with the interpreter: allow 1 MiB.
     slack = 0 if device.type == "cuda" else 2**20
@@ -265,6 +310,8 @@ def decode_memory_flat(
     return {
         "device": str(device),
         "metric": "torch.cuda.max_memory_allocated" if device.type == "cuda" else "process RSS",
+        "mode": f"cuda graph of {steps_per_graph} steps" if steps_per_graph else "eager",
+        "steps_per_graph": steps_per_graph,
         "runs": runs,
         "flat": flat,
     }

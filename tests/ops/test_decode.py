@@ -399,3 +399,22 @@ def test_decode_memory_flat_and_timing_run_on_cpu(monkeypatch):
     res = time_decode_step(1, heads=2, k_dim=16, v_dim=16, dtype=torch.float32, reps=3, warmup=1)
     assert res["ours_us"] > 0 and res["floor_us"] > 0
     assert res["floor_us"] == pytest.approx(2 * 1 * 2 * 16 * 16 * 4 / 3.0e12 * 1e6)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_strided_slope_and_indices(backend, monkeypatch):
+    """slope and state_indices as strided views (the kernel reads them at unit stride: the launcher copies them)."""
+    monkeypatch.setenv("LIGHTNING_ATTENTION_BACKEND", backend)
+    H, K, V = 2, 16, 32
+    slope = torch.tensor([0.1, 9.0, 2.0, 9.0])[::2]
+    idx = torch.tensor([4, 7, -1, 7, 0, 7])[::2]
+    pool = torch.randn(5, H, K, V)
+    before = pool.clone()
+    q, k = (torch.randn(3, H, K) for _ in range(2))
+    v = torch.randn(3, H, V)
+    o = la.lightning_attn_decode(q, k, v, pool, slope, scale=0.5, state_indices=idx)
+    s_ref = torch.exp(-slope.double())[None, :, None, None] * before[[4, 0]].double()
+    s_ref = s_ref + torch.einsum("bhk,bhv->bhkv", k[[0, 2]].double(), v[[0, 2]].double())
+    assert_close("o", o[[0, 2]], 0.5 * torch.einsum("bhk,bhkv->bhv", q[[0, 2]].double(), s_ref), torch.float32)
+    assert_close("state", pool[[4, 0]], s_ref, torch.float32)
+    assert torch.equal(o[1], torch.zeros(H, V)) and torch.equal(pool[[1, 2, 3]], before[[1, 2, 3]])

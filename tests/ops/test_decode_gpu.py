@@ -230,6 +230,177 @@ def test_cuda_graph_capture_and_replay_match_eager():
     assert torch.equal(out[idx < 0], torch.zeros_like(out[idx < 0]))
 
 
+@pytest.fixture
+def launch_cache():
+    """The decode step's LaunchCache, emptied before and after: its entries are this test's."""
+    cache = kdecode._LAUNCH_CACHE
+    cache.reset()
+    yield cache
+    cache.reset()
+
+
+def _tritons_launch_only(monkeypatch):
+    """Makes eager steps launch through JITFunction.run (a disabled LaunchCache), for side-by-side runs."""
+    off = kdecode.LaunchCache(kdecode._decode_step_kernel)
+    off.disabled = "test: Triton's launch only"
+    monkeypatch.setattr(kdecode, "_LAUNCH_CACHE", off)
+
+
+def _offset_view(x):
+    """x's values in a view one element past its buffer's start: same strides, data_ptr not 16-byte aligned."""
+    buf = torch.empty(x.numel() + 1, device=DEV, dtype=x.dtype)
+    view = buf[1:].view(x.shape)
+    view.copy_(x)
+    assert view.data_ptr() % 16 != 0
+    return view
+
+
+def _entry(cache, q, k, v, pool, slope, idx, out):
+    args = kdecode.runtime_args(q, k, v, pool, slope, 0.5, idx, out)
+    return cache.entries[kdecode.launch_key(torch.cuda.current_device(), q, v, slope, idx, args)]
+
+
+# (id, dtype, slope given, state_indices given, inputs and output off 16-byte alignment): run in this order, so the
+# cache sees new keys (alignment, dtype, constexprs) and comes back to an old one
+DIRECT_CASES = [
+    ("bf16", torch.bfloat16, True, True, False),
+    ("bf16-unaligned", torch.bfloat16, True, True, True),
+    ("fp16", torch.float16, True, True, False),
+    ("fp32-no-slope-no-indices", torch.float32, False, False, False),
+    ("bf16-again", torch.bfloat16, True, True, False),
+]
+
+
+def test_direct_launch_matches_tritons_launch_and_float64(launch_cache, monkeypatch):
+    """Each case, 5 steps: step 1 launches through Triton, step 2 through Triton with the recorder (verification),
+    steps 3-5 directly. Every step equals the same step launched through JITFunction.run (bitwise: same compiled
+    kernel, same arguments) and float64; a view off 16-byte alignment gets its own compiled kernel."""
+    B, H, K, V, P, steps = 8, 16, 128, 128, 12, 5
+    compiled = {}
+    for name, dtype, has_slope, has_idx, unaligned in DIRECT_CASES:
+        slope = la.tnl_slopes(H, 3, 12).to(DEV) if has_slope else None
+        idx = torch.tensor([11, 0, -1, 5, 7, -1, 2, 9], device=DEV, dtype=torch.int32) if has_idx else None
+        pool0 = randn(P if has_idx else B, H, K, V, seed=4)
+        pool, pool_triton, s_ref = pool0.clone(), pool0.clone(), pool0.double()
+        rows = torch.arange(B, device=DEV) if idx is None else idx.long()
+        live = rows >= 0
+        for t in range(steps):
+            q, k = (randn(B, H, K, dtype=dtype, seed=10 * t + s) for s in (1, 2))
+            v = randn(B, H, V, dtype=dtype, seed=10 * t + 3)
+            out, o_triton = (torch.full((B, H, V), float("nan"), device=DEV, dtype=dtype) for _ in range(2))
+            if unaligned:  # the twin gets the same alignment: the same specialisation, so bitwise equal results
+                q, k, v, out, o_triton = (_offset_view(x) for x in (q, k, v, out, o_triton))
+            la.lightning_attn_decode(q, k, v, pool, slope, scale=0.5, state_indices=idx, out=out)
+            with monkeypatch.context() as m:
+                _tritons_launch_only(m)
+                la.lightning_attn_decode(q, k, v, pool_triton, slope, scale=0.5, state_indices=idx, out=o_triton)
+            assert torch.equal(out, o_triton), f"{name}: step {t} differs from Triton's launch"
+            o_ref, s_rows = step_reference(q[live], k[live], v[live], s_ref[rows[live]], slope, 0.5)
+            s_ref[rows[live]] = s_rows
+            assert_close(f"{name} o step {t}", out[live], o_ref, dtype)
+            assert torch.equal(out[~live], torch.zeros_like(out[~live]))
+        assert torch.equal(pool, pool_triton), name
+        assert_close(f"{name} state", pool, s_ref, torch.float32)
+        entry = _entry(launch_cache, q, k, v, pool, slope, idx, out)
+        assert entry.launcher is not None, f"{name}: the direct launch was not used"
+        compiled[name] = entry.compiled
+    assert launch_cache.disabled is None
+    assert compiled["bf16-unaligned"] is not compiled["bf16"], "an unaligned view needs its own specialisation"
+    assert compiled["bf16-again"] is compiled["bf16"]
+
+
+def _count_calls(entry):
+    """Wraps the entry's direct launcher; returns the list of stream arguments it is called with."""
+    streams, launcher = [], entry.launcher
+
+    def counted(*args):
+        streams.append(args[3])
+        return launcher(*args)
+
+    entry.launcher = counted
+    return streams
+
+
+@pytest.mark.parametrize("warmup", [1, 3], ids=["capture-verification", "capture-direct"])
+def test_cuda_graph_captures_the_fast_path(warmup, launch_cache, monkeypatch):
+    """With 1 warm-up step the captured step is the verification (Triton's launch with the recorder); with 3
+    (Triton, verification, direct) it is the direct launch, on the capture stream. Either way replays equal steps
+    launched through Triton, bitwise."""
+    B, H, K, V, P, steps = 8, 16, 128, 128, 12, 6
+    dtype = torch.bfloat16
+    slope = la.tnl_slopes(H, 3, 12).to(DEV)
+    qs, ks = (randn(steps, B, H, K, dtype=dtype, seed=s) for s in (1, 2))
+    vs = randn(steps, B, H, V, dtype=dtype, seed=3)
+    idx = torch.tensor([11, 0, -1, 5, 7, -1, 2, 9], device=DEV, dtype=torch.int32)
+    pool0 = randn(P, H, K, V, seed=4)
+
+    pool_triton = pool0.clone()
+    with monkeypatch.context() as m:
+        _tritons_launch_only(m)
+        eager = [
+            la.lightning_attn_decode(qs[t], ks[t], vs[t], pool_triton, slope, state_indices=idx) for t in range(steps)
+        ]
+
+    static_q, static_k, static_v = qs[0].clone(), ks[0].clone(), vs[0].clone()
+    pool = pool0.clone()
+    out = torch.empty(B, H, V, device=DEV, dtype=dtype)
+
+    def step():
+        la.lightning_attn_decode(static_q, static_k, static_v, pool, slope, state_indices=idx, out=out)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    entry = _entry(launch_cache, static_q, static_k, static_v, pool, slope, idx, out)
+    assert (entry.launcher is not None) == (warmup == 3)
+    streams = _count_calls(entry) if warmup == 3 else None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+        capture_stream = torch.cuda.current_stream().cuda_stream
+    assert entry.launcher is not None and launch_cache.disabled is None
+    if streams is not None:
+        assert streams == [capture_stream], "the captured step must be the direct launch, on the capture stream"
+    pool.copy_(pool0)
+    for t in range(steps):
+        static_q.copy_(qs[t])
+        static_k.copy_(ks[t])
+        static_v.copy_(vs[t])
+        graph.replay()
+        assert torch.equal(out, eager[t]), f"replay differs from Triton's launch at step {t}"
+    if streams is not None:
+        assert len(streams) == 1, "replays do not go through Python"
+    assert torch.equal(pool, pool_triton)
+
+
+def test_direct_launch_runs_on_the_current_stream(launch_cache):
+    """Steps issued under torch.cuda.stream(s) launch on s (the stream is read per call, not cached)."""
+    B, H, K, V = 4, 16, 64, 64
+    slope = la.tnl_slopes(H, 0, 12).to(DEV)
+    pool = randn(B, H, K, V, seed=1)
+    s_ref = pool.double()
+    qs, ks, vs = (randn(6, B, H, K, dtype=torch.bfloat16, seed=s) for s in (2, 3, 4))
+    for t in range(3):
+        la.lightning_attn_decode(qs[t], ks[t], vs[t], pool, slope)
+        _, s_ref = step_reference(qs[t], ks[t], vs[t], s_ref, slope, 1.0)
+    out = torch.empty(B, H, V, device=DEV, dtype=torch.bfloat16)
+    streams = _count_calls(_entry(launch_cache, qs[3], ks[3], vs[3], pool, slope, None, out))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for t in range(3, 6):
+            la.lightning_attn_decode(qs[t], ks[t], vs[t], pool, slope, out=out)
+    side.synchronize()
+    for t in range(3, 6):
+        o_ref, s_ref = step_reference(qs[t], ks[t], vs[t], s_ref, slope, 1.0)
+    assert streams == [side.cuda_stream] * 3
+    assert_close("o", out, o_ref, torch.bfloat16)
+    assert_close("state", pool, s_ref, torch.float32)
+
+
 def test_torch_compile_fullgraph_inductor(fresh_dynamo_rules):
     """torch.compile(fullgraph=True) (Inductor) of a loop of public decode steps: no graph break, float64 agreement,
     and the pool is updated in place."""
@@ -285,6 +456,9 @@ def test_memory_flat_and_timing_helpers_run():
     mem = decode_memory_flat(tokens=(256, 4096), verbose=False)
     assert mem["flat"], mem
     assert all(r["state_finite"] for r in mem["runs"])
+    assert mem["steps_per_graph"] == 256 and [r["graph_replays"] for r in mem["runs"]] == [1, 16]
+    eager = decode_memory_flat(tokens=(64, 256), cuda_graph=False, verbose=False)
+    assert eager["flat"] and eager["mode"] == "eager", eager
     res = time_decode_step(8, cuda_graph=True, steps=10, reps=3, warmup=2)
     for key in ("ours_us", "ours_gpu_us", "ours_graph_us", "ours_graph_gpu_us", "floor_us"):
         assert res[key] > 0, (key, res)
