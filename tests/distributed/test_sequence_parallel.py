@@ -284,10 +284,9 @@ def test_nccl_two_gpus_256k_bf16(tmp_path):
     """benchmarks/sp_check_gpu.py under torchrun on 2 GPUs: T = 256K, bf16 against a float64 chunked reference."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 CUDA GPUs")
-    out = tmp_path / "sp_check.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    cmd += ["benchmarks/sp_check_gpu.py", "--out", str(out)]
+    cmd += ["benchmarks/sp_check_gpu.py", "--out", str(tmp_path)]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    report = json.loads(out.read_text())
+    report = json.loads((tmp_path / "sp_check.json").read_text())
     assert report["passed"], report
