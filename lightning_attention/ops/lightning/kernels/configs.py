@@ -135,6 +135,8 @@ def estimate_shared_bytes(BT: int, BK: int, BV: int, num_stages: int, elem_bytes
     qk = 2 * BT * BK * elem_bytes
     if num_stages < 2:
         qk //= 2
+    elif inter_only:  # chunk tiles of up to 256 tokens: every pipelined q, k, v tile per stage (278,528 B compiled
+        qk = num_stages * BT * (2 * BK + BV) * elem_bytes  # at BT = 256, BV = 32, 2 stages; estimate 294,912)
     scores = elem_bytes * BT * (BK // 2 if inter_only else BT)
     return qk + 2 * BV * (4 * BK + elem_bytes * BT) + scores
 
