@@ -54,8 +54,19 @@ def check_eps(eps) -> float:
 
 
 def fused_normaliser(v_dim: int) -> bool:
-    """Whether the normaliser rides along as value column V (V + 1 ≤ 256), else it gets its own narrow call."""
-    return v_dim + 1 <= MAX_KERNEL_V
+    """Whether the normaliser rides along as value column V, else it gets its own narrow call (V = 16 of ones).
+
+    It rides along when V + 1 fits the kernels (<= 256) *and* costs no wider tile: V + 1 rounds up to the same
+    power-of-two tile as V (e.g. V = 100). At a power of two (V = 64, 128) the extra column would double the value
+    tile (V = 128 -> 256: twice the inter work, and chunk tiles of 256 tokens no longer fit in shared memory), so
+    the narrow call (one more read of φ(q), φ(k), a 16-wide value tile) is cheaper.
+    """
+    return v_dim + 1 <= MAX_KERNEL_V and _tile(v_dim + 1) == _tile(v_dim)
+
+
+def _tile(d: int) -> int:
+    """The kernels' value tile for a head dim of ``d`` (kernels.configs.padded_dim, without importing Triton)."""
+    return max(16, 1 << (d - 1).bit_length())
 
 
 def check_state_pair(name: str, state, shape_s: tuple, q: torch.Tensor) -> NormalisedState:

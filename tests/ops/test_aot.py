@@ -25,7 +25,8 @@ ARCHS = (80, 90, 120)
 FULL_FORWARD = {}  # default flags: forward walk with h0 and final state (the largest live set)
 REVERSE_SEGMENTED = {"REVERSE": True, "SEG_IN": True, "USE_H0": False, "STORE_HT": False}
 PRE_PASS_VARLEN = {"STATE_ONLY": True, "USE_H0": False, "STORE_HT": False, "VARLEN": 2}
-# hybrid attention's default: chunks of 256 tokens, normalised values (V + 1 columns), inter-only reverse walk
+# hybrid attention's default: chunks of 256 tokens, inter-only reverse walk, the values (V = 128) and the narrow
+# normaliser call (V = 16) in both orientations
 INTER_ONLY_256 = {"INTER_ONLY": True, "BT": 256, "REVERSE": True}
 
 
@@ -68,7 +69,8 @@ def ci_builds():
     jobs += [{"cc": 90, "dtype": "fp32", "DK": 48, "DV": 40, "flags": {"VARLEN": 1}, "which": "last"}]
     jobs += [{"kernel": "scan", "cc": cc} for cc in ARCHS]
     jobs += [{"kernel": "dkdv", "cc": cc, "dtype": dt, "DK": 128, "DV": 128} for cc in ARCHS for dt in ("bf16", "fp16")]
-    jobs += [{"cc": cc, "dtype": "bf16", "DK": 128, "DV": 129, "flags": INTER_ONLY_256} for cc in (80, 90)]
+    jobs += [{"cc": cc, "dtype": "bf16", "DK": dk, "DV": dv, "flags": INTER_ONLY_256}
+             for cc in (80, 90) for dk, dv in ((128, 128), (16, 128))]  # fmt: skip
     return build(jobs)
 
 
@@ -124,7 +126,9 @@ def test_inter_only_chunks_of_256_fit(ci_builds, cc):
 def test_inter_only_fit_rule():
     from lightning_attention.ops.lightning.kernels.configs import SHARED_LIMITS, inter_only_fits
 
-    assert inter_only_fits(256, 128, 129, 2, SHARED_LIMITS[90])
-    assert inter_only_fits(256, 128, 129, 2, SHARED_LIMITS[80])
-    assert not inter_only_fits(256, 128, 129, 2, SHARED_LIMITS[120])
-    assert inter_only_fits(64, 128, 129, 2, SHARED_LIMITS[120])
+    for cc in (80, 90):
+        assert inter_only_fits(256, 128, 128, 2, SHARED_LIMITS[cc]) and inter_only_fits(256, 128, 16, 2, SHARED_LIMITS[cc])
+    # V = 129 pads to 256: the dq and dk walks (DK = 256) do not fit chunk tiles of 256 tokens (PyTorch path)
+    assert not inter_only_fits(256, 128, 129, 2, SHARED_LIMITS[90])
+    assert not inter_only_fits(256, 128, 128, 2, SHARED_LIMITS[120])
+    assert inter_only_fits(64, 128, 128, 2, SHARED_LIMITS[120])

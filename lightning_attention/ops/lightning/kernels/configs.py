@@ -234,10 +234,14 @@ def inter_only_fits(chunk_size: int, DK: int, DV: int, elem_bytes: int, limit: i
     if limit is None:
         return True
     BT = triton.next_power_of_2(chunk_size)
-    BK = padded_dim(DK)
-    # the pruning keeps the smallest tile, unpipelined, when nothing else fits: that one decides
-    BV = min(min(cfg.kwargs["BV"] for cfg in walk_autotune_configs(fixed_bt=True)), padded_dim(DV))
-    return estimate_shared_bytes(BT, BK, BV, 1, elem_bytes, inter_only=True) <= limit
+    smallest_bv = min(cfg.kwargs["BV"] for cfg in walk_autotune_configs(fixed_bt=True))
+    # both orientations run: the forward and dv walks have (DK, DV) = (K, V), the dq and dk walks (V, K); the
+    # pruning keeps the smallest tile, unpipelined, when nothing else fits: that one decides
+    return all(
+        estimate_shared_bytes(BT, padded_dim(dk), min(smallest_bv, padded_dim(dv)), 1, elem_bytes, inter_only=True)
+        <= limit
+        for dk, dv in ((DK, DV), (DV, DK))
+    )
 
 
 def select_dkdv_configs(

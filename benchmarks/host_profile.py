@@ -1,0 +1,56 @@
+"""Where the host time of a ``lightning_attn`` fwd+bwd goes (cProfile over many calls, after warm-up).
+
+``host_overhead.py`` shows whether a shape is host-bound; this names the Python functions that cost the time
+(validation, torch.library dispatch, the segment plan, Triton's autotuner and JIT launch path).
+
+    python benchmarks/host_profile.py --shape 32x2048 --calls 100 --out benchmarks/results/host_profile.txt
+"""
+
+import argparse
+import cProfile
+import io
+import pstats
+
+import torch
+
+import lightning_attention as la
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="32x2048", help="BxT (H = 16, K = V = 128, bf16)")
+    parser.add_argument("--calls", type=int, default=100)
+    parser.add_argument("--out", default=None, help="text file for the two profiles")
+    args = parser.parse_args()
+    B, T = (int(x) for x in args.shape.split("x"))
+    H, D = 16, 128
+    slope = la.tnl_slopes(H, 0, 12).cuda()
+    q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    do = torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16)
+
+    def fwd_bwd():
+        o, _ = la.lightning_attn(q, k, v, slope)
+        return torch.autograd.grad(o, (q, k, v), do)
+
+    for _ in range(5):
+        fwd_bwd()
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(args.calls):
+        fwd_bwd()
+    prof.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    for key in ("tottime", "cumulative"):
+        stats = pstats.Stats(prof, stream=text)
+        stats.sort_stats(key).print_stats(35)
+    print(text.getvalue())
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text.getvalue())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
