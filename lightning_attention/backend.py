@@ -52,3 +52,20 @@ def value_checks_enabled(x: torch.Tensor) -> bool:
 
 def interpreter_active() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def plain_eager() -> bool:
+    """True when nothing would observe a ``torch.library`` op: not tracing/compiling, no dispatch or torch-function
+    mode. Then launchers may skip the op's dispatcher round trip and call its implementation directly.
+
+    The round trip is not free: ~25 µs per decode step (torch 2.13, CPU), and for ``chunk_fwd``/``chunk_bwd`` on
+    an H100 host (torch 2.11) ~1 ms per call of own time in ``custom_ops.backend_impl`` under cProfile
+    (benchmarks/results/h100-2026-11-22e/host_profile.txt) — more than the GPU time of small calls.
+    """
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    return not (
+        torch.compiler.is_compiling()
+        or _get_current_dispatch_mode() is not None
+        or torch.overrides._is_torch_function_mode_enabled()
+    )

@@ -132,3 +132,19 @@ def test_inter_only_fit_rule():
     assert not inter_only_fits(256, 128, 129, 2, SHARED_LIMITS[90])
     assert not inter_only_fits(256, 128, 128, 2, SHARED_LIMITS[120])
     assert inter_only_fits(64, 128, 128, 2, SHARED_LIMITS[120])
+
+
+def test_inter_only_mode_runs_one_configuration():
+    """The inter-only mode is not autotuned (autotuning it faulted on an H100, see configs._FIXED_BT_CONFIG): one
+    configuration, with 4 warps where the value tile is 16 wide."""
+    from lightning_attention.ops.lightning.kernels.configs import (
+        SHARED_LIMITS,
+        select_configs,
+        walk_autotune_configs,
+    )
+
+    space = walk_autotune_configs(fixed_bt=True)
+    assert len(space) == 1
+    for dv, expected in ((16, (16, 4, 1)), (32, (32, 8, 1)), (128, (32, 8, 1)), (129, (32, 8, 1))):
+        (cfg,) = select_configs(space, 128, dv, 2, SHARED_LIMITS[90], fixed_bt=64, inter_only=True)
+        assert (cfg.kwargs["BV"], cfg.num_warps, cfg.num_stages) == expected

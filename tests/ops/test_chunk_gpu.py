@@ -104,3 +104,22 @@ def test_autocast_bf16_region():
     assert o.dtype == torch.bfloat16
     o.float().square().mean().backward()
     assert w.grad is not None and torch.isfinite(w.grad).all()
+
+
+@pytest.mark.parametrize("V, C", [(16, 64), (32, 128), (48, 64), (128, 64), (128, 256), (129, 128)])
+def test_inter_only_mode_on_gpu(V, C):
+    """The inter-only mode (hybrid attention) at the hybrid bench's head count against the PyTorch inter path, fwd and
+    grads. These shapes faulted on an H100 while the mode was autotuned (kernels/configs.py, _FIXED_BT_CONFIG)."""
+    from lightning_attention.ops.lightning.chunk import lightning_attn_inter_triton
+    from lightning_attention.ops.lightning.inter import inter_lightning_attn_torch
+
+    B, T, H, K = 1, 1024, 16, 128
+    q, k, v, h0, do, dht = _inputs(B, T, H, K, V, torch.bfloat16)
+    slope = la.tnl_slopes(H, 0, 2).cuda()
+    o, ht = lightning_attn_inter_triton(q, k, v, slope, chunk_size=C, initial_state=h0, output_final_state=True)
+    got = (o, ht, *torch.autograd.grad((o.double() * do.double()).sum() + (ht.double() * dht.double()).sum(),
+                                       (q, k, v, h0)))  # fmt: skip
+    x64 = [t.detach().double().requires_grad_() for t in (q, k, v, h0)]
+    o_r, ht_r = inter_lightning_attn_torch(*x64[:3], slope, chunk_size=C, initial_state=x64[3])
+    ref = (o_r, ht_r, *torch.autograd.grad((o_r * do.double()).sum() + (ht_r * dht.double()).sum(), x64))
+    _compare(got, ref, torch.bfloat16)

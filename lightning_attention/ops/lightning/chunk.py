@@ -40,6 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
+from lightning_attention.backend import plain_eager
 from lightning_attention.ops.lightning import naive
 from lightning_attention.ops.lightning.kernels.configs import dkdv_state_bytes, padded_dim, shared_limit, use_dkdv_walk
 from lightning_attention.ops.lightning.kernels.dkdv_walk import lightning_dkdv_fixed_bt_kernel, lightning_dkdv_kernel
@@ -460,10 +461,9 @@ def chunk_fwd_op(
     Segment states are returned for fixed-length batches only (their count is a function of the shapes and the
     GPU, which the fake implementation can compute; a varlen plan depends on the offsets' values).
     ``inter_chunk`` > 0: the inter-only mode (o without its intra-chunk term, chunks of that many tokens)."""
-    with _device_of(q):
-        return _chunk_forward_op_body(
-            q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk
-        )
+    return _chunk_fwd_direct(
+        q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk
+    )
 
 
 def _chunk_forward_op_body(
@@ -519,10 +519,9 @@ def chunk_bwd_op(
     """Backward op: (dq, dk, dv, dh0); dh0 is [N, H, K, V] when ``initial_state`` is given, else an empty [0].
 
     ``fwd_states``: the forward op's segment states (its third output; empty or None: recomputed)."""
-    with _device_of(q):
-        return _chunk_backward_op_body(
-            q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, inter_chunk, fwd_states
-        )
+    return _chunk_bwd_direct(
+        q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, inter_chunk, fwd_states
+    )
 
 
 def _chunk_backward_op_body(
@@ -558,6 +557,21 @@ def _(q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale,
     )
 
 
+# the ops' implementations without the dispatcher round trip: what plain eager mode calls (backend.plain_eager)
+
+
+def _chunk_fwd_direct(*args):
+    """``chunk_fwd`` without ``torch.library`` dispatch (same arguments and results)."""
+    with _device_of(args[0]):
+        return _chunk_forward_op_body(*args)
+
+
+def _chunk_bwd_direct(*args):
+    """``chunk_bwd`` without ``torch.library`` dispatch (same arguments and results)."""
+    with _device_of(args[0]):
+        return _chunk_backward_op_body(*args)
+
+
 # autograd
 
 
@@ -590,7 +604,8 @@ class LightningAttnFunction(torch.autograd.Function):
     def forward(
         ctx, q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, backward, inter_chunk
     ):
-        o, ht, seg_states = torch.ops.lightning_attention.chunk_fwd(
+        fwd = _chunk_fwd_direct if plain_eager() else torch.ops.lightning_attention.chunk_fwd
+        o, ht, seg_states = fwd(
             q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk
         )
         # the segment states (<= 25% of one input, empty unless segmented) spare the dq walk its pre-pass
@@ -612,11 +627,15 @@ class LightningAttnFunction(torch.autograd.Function):
             do = torch.zeros(*q.shape[:-1], v.shape[-1], device=q.device, dtype=q.dtype)
         if _use_recompute_backward(ctx.backward_mode, q.device) and not ctx.inter_chunk:
             _recompute_backward()  # imports recompute.py, which registers the op (torch.compile-opaque launch)
-            dq, dk, dv, dh0 = torch.ops.lightning_attention.recompute_bwd(
+            from lightning_attention.ops.lightning.recompute import recompute_bwd_direct
+
+            bwd = recompute_bwd_direct if plain_eager() else torch.ops.lightning_attention.recompute_bwd
+            dq, dk, dv, dh0 = bwd(
                 q, k, v, do.to(q.dtype), dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, ctx.scale
             )
         else:
-            dq, dk, dv, dh0 = torch.ops.lightning_attention.chunk_bwd(
+            bwd = _chunk_bwd_direct if plain_eager() else torch.ops.lightning_attention.chunk_bwd
+            dq, dk, dv, dh0 = bwd(
                 q, k, v, do.to(q.dtype), dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, ctx.scale,
                 ctx.inter_chunk, seg_states,
             )  # fmt: skip

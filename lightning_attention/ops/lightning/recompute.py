@@ -223,6 +223,11 @@ def recompute_bwd_op(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`recompute_backward` as a ``torch.library`` op (same schema as ``lightning_attention::chunk_bwd``), so
     ``torch.compile`` treats the launch as opaque; dh0 is an empty ``[0]`` tensor when ``initial_state`` is None."""
+    return recompute_bwd_direct(q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale)
+
+
+def recompute_bwd_direct(q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale):
+    """The ``recompute_bwd`` op's implementation, called directly in plain eager mode (no dispatcher round trip)."""
     dq, dk, dv, dh0 = recompute_backward(
         q, k, v, do, dht, slope, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
         cu_seqlens_cpu=cu_seqlens_cpu,

@@ -31,6 +31,15 @@ _SPACE = (
     (32, 32, 4, 1),
 )
 
+# the inter-only mode (fixed BT = the hybrid's chunk size): one configuration (BV, warps, stages), no tuning. On an
+# H100 (triton 3.6) autotuning this mode over the walk's space faulted (illegal memory access) at value dims of
+# 16 and 32 with chunks of 64/128 tokens and at chunks of 256, while every single pinned configuration tried ran:
+# (32, 8, 1) at chunks of 256, (16, 4, 1) at 64 and 256 (benchmarks/results/h100-2026-11-22f, -g; cause not found).
+# Then with this single configuration: chunks of 128 (V = 129) and 256 (V = 128) ran, V = 16 at chunks of 64 (BV
+# clamped to 16 with 8 warps) faulted again: a 16-wide tile takes 4 warps (FIXED_BT_NARROW_WARPS), as pinned.
+_FIXED_BT_CONFIG = (32, 8, 1)
+FIXED_BT_NARROW_WARPS = 4
+
 # the segment pre-pass (STATE_ONLY: no q, no o; a decayed Kᵀ V reduction over the segment): bandwidth-bound on
 # (k, v), so the whole value dim in one tile (k read once) and pipelined loads
 _STATE_SPACE = (
@@ -82,6 +91,8 @@ def walk_autotune_configs(fixed_bt: bool = False, state_only: bool = False) -> l
     ``state_only``: the space of the segment pre-pass.
     """
     pinned = os.environ.get(ENV_CONFIG, "").strip()
+    if fixed_bt and not pinned:
+        return [triton.Config({"BV": _FIXED_BT_CONFIG[0]}, num_warps=_FIXED_BT_CONFIG[1], num_stages=_FIXED_BT_CONFIG[2])]
     space = _STATE_SPACE if state_only else _SPACE
     configs = [_parse_pinned(pinned)] if pinned else [
         triton.Config({"BT": bt, "BV": bv}, num_warps=w, num_stages=s) for bt, bv, w, s in space
@@ -200,7 +211,8 @@ def select_configs(
         if limit is not None and estimate_shared_bytes(BT, BK, BV, cfg.num_stages, elem_bytes, inter_only) > limit:
             continue
         meta = {"BV": BV} if fixed_bt else {"BT": BT, "BV": BV}
-        out.append(triton.Config(meta, num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+        warps = min(cfg.num_warps, FIXED_BT_NARROW_WARPS) if fixed_bt and BV <= 16 else cfg.num_warps
+        out.append(triton.Config(meta, num_warps=warps, num_stages=cfg.num_stages))
     out = out[:max_configs]
     if not out:
         smallest = min(

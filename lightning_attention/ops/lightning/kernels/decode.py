@@ -37,8 +37,9 @@ import warnings
 import torch
 import triton
 import triton.language as tl
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 from triton.runtime.jit import JITFunction
+
+from lightning_attention.backend import plain_eager
 
 # Largest state slab a program keeps in registers: 8192 fp32 values = 32 KB (64 per thread at 4 warps, 32 at 8).
 _MAX_TILE = 8192
@@ -229,19 +230,6 @@ def decode_step_op(
 def _decode_step_fake(q, k, v, state, slope, scale, state_indices, out) -> None:
     # Everything the op produces is written into its mutated arguments, whose metadata does not change.
     return None
-
-
-def _plain_eager() -> bool:
-    """True when nothing would observe the op: not tracing/compiling, no dispatch or torch-function mode.
-
-    Then the op's dispatcher round trip (schema defaults, autograd and ADInplaceOrView layers: ~25 µs of host
-    time per call measured with torch 2.13, several times the GPU time of a batch-1 step) can be skipped.
-    """
-    return not (
-        torch.compiler.is_compiling()
-        or _get_current_dispatch_mode() is not None
-        or torch.overrides._is_torch_function_mode_enabled()
-    )
 
 
 # Eager launch fast path: the compiled kernel launched without JITFunction.run (see LaunchCache).
@@ -532,7 +520,7 @@ def decode_step_triton(q, k, v, state, slope, scale, state_indices, out):
         state_indices = state_indices.contiguous()
     if out is None:
         out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], device=q.device, dtype=q.dtype)
-    if _plain_eager():
+    if plain_eager():
         _launch_eager(q, k, v, state, slope, scale, state_indices, out)
         torch.autograd.graph.increment_version(state)
         torch.autograd.graph.increment_version(out)
