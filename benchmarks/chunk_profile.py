@@ -7,24 +7,15 @@ writes the table as JSON. Use it to attribute a change measured by ``chunk_timin
 """
 
 import argparse
-import json
 
 import torch
+from kernel_problem import make_problem, write_json
 from torch.profiler import ProfilerActivity, profile
-
-import lightning_attention as la
 
 
 def profile_shape(B: int, T: int, H: int = 16, D: int = 128, iters: int = 10, dtype=torch.bfloat16) -> list[dict]:
     """[{kernel, calls_per_iter, us_per_iter}] for ``iters`` fwd+bwd calls at [B, T, H, D] (bf16, TNL slopes)."""
-    slope = la.tnl_slopes(H, 0, 12).cuda()
-    q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
-    do = torch.randn(B, T, H, D, device="cuda", dtype=dtype)
-
-    def step():
-        o, _ = la.lightning_attn(q, k, v, slope)
-        return torch.autograd.grad(o, (q, k, v), do)
-
+    step = make_problem(B, T, H, D, dtype).fwd_bwd
     for _ in range(3):  # compile, autotune, warm
         step()
     torch.cuda.synchronize()
@@ -57,9 +48,7 @@ def main() -> int:
         print(f"== B={B} T={T}: {total / 1e3:.3f} ms of kernels per fwd+bwd", flush=True)
         for r in rows[:12]:
             print(f"  {r['us_per_iter']:9.1f} us  x{r['calls_per_iter']:.0f}  {r['kernel']}", flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    write_json(args.out, result)
     return 0
 
 

@@ -25,23 +25,13 @@ CONFIGS = [
 
 
 def child(B: int, T: int, H: int, D: int) -> dict:
-    import torch
     import triton
+    from kernel_problem import make_problem
 
-    import lightning_attention as la
     from lightning_attention.ops.lightning.kernels import walk
 
-    slope = la.tnl_slopes(H, 0, 12).cuda()
-    q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    do = torch.randn_like(q)
-
-    def fwd():
-        with torch.no_grad():
-            return la.lightning_attn(q, k, v, slope)
-
-    def fwd_bwd():
-        o, _ = la.lightning_attn(q, k, v, slope)
-        return torch.autograd.grad(o, (q, k, v), do)
+    problem = make_problem(B, T, H, D)
+    fwd, fwd_bwd = problem.fwd, problem.fwd_bwd
 
     fwd_bwd()
     res = {

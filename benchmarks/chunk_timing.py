@@ -11,35 +11,19 @@ an empty ``TRITON_CACHE_DIR`` to measure it).
 """
 
 import argparse
-import json
 import os
 import time
 
 import torch
 import triton
-
-import lightning_attention as la
+from kernel_problem import make_problem, write_json
 
 HBM_BYTES_PER_S = 3.02e12
 
 
-def _inputs(B, T, H, D, dtype, requires_grad):
-    q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=dtype, requires_grad=requires_grad) for _ in range(3))
-    return q, k, v
-
-
 def measure(B, T, H=16, D=128, dtype=torch.bfloat16):
-    slope = la.tnl_slopes(H, 0, 12).cuda()
-    q, k, v = _inputs(B, T, H, D, dtype, True)
-    do = torch.randn(B, T, H, D, device="cuda", dtype=dtype)
-
-    def fwd():
-        with torch.no_grad():
-            return la.lightning_attn(q, k, v, slope)
-
-    def fwd_bwd():
-        o, _ = la.lightning_attn(q, k, v, slope)
-        return torch.autograd.grad(o, (q, k, v), do)
+    problem = make_problem(B, T, H, D, dtype)
+    q, fwd, fwd_bwd = problem.q, problem.fwd, problem.fwd_bwd
 
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -101,9 +85,7 @@ def main():
         "cold_start_s": rows[0]["first_call_s"] if rows else None,
         "rows": rows,
     }
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    write_json(args.out, result)
     return 0
 
 

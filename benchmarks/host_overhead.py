@@ -14,8 +14,7 @@ import time
 
 import torch
 import triton
-
-import lightning_attention as la
+from kernel_problem import make_problem, write_json
 
 
 def _enqueue_ms(fn, calls: int = 50) -> float:
@@ -47,20 +46,9 @@ def _graph_ms(fn) -> float | None:
 
 
 def measure(B: int, T: int, H: int = 16, D: int = 128) -> dict:
-    slope = la.tnl_slopes(H, 0, 12).cuda()
-    q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    do = torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16)
-
-    def fwd():
-        with torch.no_grad():
-            return la.lightning_attn(q, k, v, slope)
-
-    def fwd_bwd():
-        o, _ = la.lightning_attn(q, k, v, slope)
-        return torch.autograd.grad(o, (q, k, v), do)
-
+    problem = make_problem(B, T, H, D)
     row = {"B": B, "T": T}
-    for name, fn in (("fwd", fwd), ("fwd_bwd", fwd_bwd)):
+    for name, fn in (("fwd", problem.fwd), ("fwd_bwd", problem.fwd_bwd)):
         fn()
         row[f"{name}_gpu_ms"] = triton.testing.do_bench(fn, warmup=25, rep=200)
         row[f"{name}_host_ms"] = _enqueue_ms(fn)
@@ -75,9 +63,7 @@ def main() -> int:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     rows = [measure(*(int(x) for x in s.split("x"))) for s in args.shapes.split(",")]
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": rows}, f, indent=1)
+    write_json(args.out, {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": rows})
     return 0
 
 

@@ -12,8 +12,7 @@ import io
 import pstats
 
 import torch
-
-import lightning_attention as la
+from kernel_problem import make_problem
 
 
 def main() -> int:
@@ -23,14 +22,7 @@ def main() -> int:
     parser.add_argument("--out", default=None, help="text file for the two profiles")
     args = parser.parse_args()
     B, T = (int(x) for x in args.shape.split("x"))
-    H, D = 16, 128
-    slope = la.tnl_slopes(H, 0, 12).cuda()
-    q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    do = torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16)
-
-    def fwd_bwd():
-        o, _ = la.lightning_attn(q, k, v, slope)
-        return torch.autograd.grad(o, (q, k, v), do)
+    fwd_bwd = make_problem(B, T).fwd_bwd
 
     for _ in range(5):
         fwd_bwd()

@@ -70,48 +70,46 @@ def dispatcher_configs(cc: int, dtype: str, DK: int, DV: int, flags: dict):
     return select_configs(space, DK, DV, ELEM_BYTES[dtype], SHARED_LIMITS[cc])
 
 
+def _compile(kind: str, fn, cc: int, dtype: str, DK: int, DV: int, BT: int, BV: int, cfg, constexprs: dict,
+             flags: dict, estimate: int) -> dict:
+    """Builds ``fn`` for ``cc`` with ``constexprs`` (``flags`` on top) and returns the JSON line of the build."""
+    constexprs = {**constexprs, **flags}
+    src = triton.compiler.ASTSource(fn=fn, signature=signature(fn, dtype), constexprs=constexprs)
+    options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    kernel = triton.compile(src, target=GPUTarget("cuda", cc, 32), options=options)
+    return {
+        "kernel": kind, "cc": cc, "dtype": dtype, "DK": DK, "DV": DV, "BT": BT, "BV": BV, "flags": flags,
+        "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "shared": kernel.metadata.shared,
+        "limit": SHARED_LIMITS[cc], "estimate": estimate,
+    }  # fmt: skip
+
+
+def _precision_constexprs(dtype: str) -> dict:
+    return dict(ACC=tl.float32, DOT_PREC="ieee" if dtype == "fp32" else None, INTER_PREC=INTER_PREC[dtype])
+
+
 def build_walk(cc: int, dtype: str, DK: int, DV: int, cfg, flags: dict) -> dict:
-    fn = lightning_walk_kernel.fn  # the JITFunction under the autotuner
-    exact = dtype == "fp32"
     BT, BV = cfg.kwargs["BT"], cfg.kwargs["BV"]
     constexprs = dict(
         DK=DK, DV=DV, BT=BT, BK=padded_dim(DK), BV=BV,
         VARLEN=0, REVERSE=False, HAS_DECAY=True, USE_H0=True, STORE_HT=True, SEG_IN=False, STATE_ONLY=False,
-        INTER_ONLY=False, ACC=tl.float32, DOT_PREC="ieee" if exact else None, INTER_PREC=INTER_PREC[dtype],
+        INTER_ONLY=False, **_precision_constexprs(dtype),
     )  # fmt: skip
-    constexprs.update(flags)
-    src = triton.compiler.ASTSource(fn=fn, signature=signature(fn, dtype), constexprs=constexprs)
-    options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-    kernel = triton.compile(src, target=GPUTarget("cuda", cc, 32), options=options)
-    return {
-        "kernel": "walk", "cc": cc, "dtype": dtype, "DK": DK, "DV": DV, "BT": BT, "BV": BV, "flags": flags,
-        "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "shared": kernel.metadata.shared,
-        "limit": SHARED_LIMITS[cc],
-        "estimate": estimate_shared_bytes(
-            BT, padded_dim(DK), BV, cfg.num_stages, ELEM_BYTES[dtype], bool(constexprs["INTER_ONLY"])
-        ),
-    }  # fmt: skip
+    inter_only = bool(flags.get("INTER_ONLY", False))
+    estimate = estimate_shared_bytes(BT, padded_dim(DK), BV, cfg.num_stages, ELEM_BYTES[dtype], inter_only)
+    fn = lightning_walk_kernel.fn  # the JITFunction under the autotuner
+    return _compile("walk", fn, cc, dtype, DK, DV, BT, BV, cfg, constexprs, flags, estimate)
 
 
 def build_dkdv(cc: int, dtype: str, DK: int, DV: int, cfg, flags: dict) -> dict:
-    fn = lightning_dkdv_kernel.fn
-    exact = dtype == "fp32"
     BT, BK, BV = cfg.kwargs["BT"], padded_dim(DK), padded_dim(DV)
     constexprs = dict(
         DK=DK, DV=DV, BT=BT, BK=BK, BV=BV, VARLEN=0, HAS_DECAY=True, USE_H0=True, STORE_HT=True, SEG_IN=False,
-        INTER_ONLY=False, ACC=tl.float32, DOT_PREC="ieee" if exact else None, INTER_PREC=INTER_PREC[dtype],
+        INTER_ONLY=False, **_precision_constexprs(dtype),
     )  # fmt: skip
-    constexprs.update(flags)
-    src = triton.compiler.ASTSource(fn=fn, signature=signature(fn, dtype), constexprs=constexprs)
-    options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-    kernel = triton.compile(src, target=GPUTarget("cuda", cc, 32), options=options)
     state_bytes = dkdv_state_bytes(INTER_PREC[dtype])
-    return {
-        "kernel": "dkdv", "cc": cc, "dtype": dtype, "DK": DK, "DV": DV, "BT": BT, "BV": BV, "flags": flags,
-        "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "shared": kernel.metadata.shared,
-        "limit": SHARED_LIMITS[cc],
-        "estimate": estimate_dkdv_shared_bytes(BT, BK, BV, cfg.num_stages, ELEM_BYTES[dtype], state_bytes),
-    }  # fmt: skip
+    estimate = estimate_dkdv_shared_bytes(BT, BK, BV, cfg.num_stages, ELEM_BYTES[dtype], state_bytes)
+    return _compile("dkdv", lightning_dkdv_kernel.fn, cc, dtype, DK, DV, BT, BV, cfg, constexprs, flags, estimate)
 
 
 def dkdv_jobs(cc: int, dtype: str, DK: int, DV: int) -> list:

@@ -226,18 +226,32 @@ def select_configs(
     return out
 
 
+def _prune_context(configs, named_args, kwargs) -> dict:
+    """What an ``early_config_prune`` hook needs from a launch: head dims, the caller's BT (fixed-BT spaces), the
+    input's element size, the device's shared-memory limit (None off CUDA) and how many configurations to keep."""
+
+    def arg(name, default=None):
+        return kwargs.get(name, named_args.get(name, default))
+
+    q = named_args["q"]
+    return {
+        "DK": arg("DK"),
+        "DV": arg("DV"),
+        "fixed_bt": 0 if "BT" in configs[0].kwargs else arg("BT"),
+        "elem_bytes": q.element_size(),
+        "limit": shared_limit() if getattr(q, "is_cuda", False) else None,
+        "max_configs": MAX_TUNED_FP32 if q.element_size() >= 4 else MAX_TUNED,
+        "arg": arg,
+    }
+
+
 def walk_prune_configs(configs, named_args, **kwargs):
     """``early_config_prune`` hook of the walk kernel: :func:`select_configs` for the device the call runs on."""
-    DK = kwargs.get("DK", named_args.get("DK"))
-    DV = kwargs.get("DV", named_args.get("DV"))
-    fixed_bt = 0 if "BT" in configs[0].kwargs else kwargs.get("BT", named_args.get("BT"))
-    q = named_args["q"]
-    limit = shared_limit() if getattr(q, "is_cuda", False) else None
-    max_configs = MAX_TUNED_FP32 if q.element_size() >= 4 else MAX_TUNED
-    inter_only = bool(kwargs.get("INTER_ONLY", named_args.get("INTER_ONLY", False)))
+    c = _prune_context(configs, named_args, kwargs)
     return select_configs(
-        configs, DK, DV, q.element_size(), limit, max_configs=max_configs, fixed_bt=fixed_bt, inter_only=inter_only
-    )
+        configs, c["DK"], c["DV"], c["elem_bytes"], c["limit"], max_configs=c["max_configs"], fixed_bt=c["fixed_bt"],
+        inter_only=bool(c["arg"]("INTER_ONLY", False)),
+    )  # fmt: skip
 
 
 def inter_only_fits(chunk_size: int, DK: int, DV: int, elem_bytes: int, limit: int | None) -> bool:
@@ -273,13 +287,8 @@ def select_dkdv_configs(
 
 def dkdv_prune_configs(configs, named_args, **kwargs):
     """``early_config_prune`` hook of the fused dk/dv walk."""
-    DK = kwargs.get("DK", named_args.get("DK"))
-    DV = kwargs.get("DV", named_args.get("DV"))
-    fixed_bt = 0 if "BT" in configs[0].kwargs else kwargs.get("BT", named_args.get("BT"))
-    q = named_args["q"]
-    limit = shared_limit() if getattr(q, "is_cuda", False) else None
-    max_configs = MAX_TUNED_FP32 if q.element_size() >= 4 else MAX_TUNED
-    state_bytes = dkdv_state_bytes(kwargs.get("INTER_PREC", named_args.get("INTER_PREC")))
+    c = _prune_context(configs, named_args, kwargs)
     return select_dkdv_configs(
-        configs, DK, DV, q.element_size(), state_bytes, limit, max_configs=max_configs, fixed_bt=fixed_bt
-    )
+        configs, c["DK"], c["DV"], c["elem_bytes"], dkdv_state_bytes(c["arg"]("INTER_PREC")), c["limit"],
+        max_configs=c["max_configs"], fixed_bt=c["fixed_bt"],
+    )  # fmt: skip

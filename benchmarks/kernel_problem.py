@@ -1,0 +1,50 @@
+"""The problem the kernel timing scripts share (``chunk_timing``, ``chunk_sweep``, ``chunk_profile``,
+``host_overhead``, ``host_profile``): bf16 q, k, v ``[B, T, H, D]`` that require grad, an upstream gradient, TNL
+slopes (layers 0 of 12), and the two calls that get timed. Scripts import it as ``from kernel_problem import ...``
+(``python benchmarks/<script>.py`` puts this folder on the path).
+"""
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+import lightning_attention as la
+
+
+@dataclass
+class Problem:
+    """q, k, v: ``[B, T, H, D]`` leaves; do: ``[B, T, H, D]``; slope: ``[H]``; fwd / fwd_bwd: the timed calls."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    do: torch.Tensor
+    slope: torch.Tensor
+    fwd: Callable[[], tuple]
+    fwd_bwd: Callable[[], tuple]
+
+
+def make_problem(B: int, T: int, H: int = 16, D: int = 128, dtype=torch.bfloat16) -> Problem:
+    """``fwd``: ``lightning_attn`` under no_grad; ``fwd_bwd``: forward + ``autograd.grad`` w.r.t. q, k, v."""
+    slope = la.tnl_slopes(H, 0, 12).cuda()
+    q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
+    do = torch.randn(B, T, H, D, device="cuda", dtype=dtype)
+
+    def fwd():
+        with torch.no_grad():
+            return la.lightning_attn(q, k, v, slope)
+
+    def fwd_bwd():
+        o, _ = la.lightning_attn(q, k, v, slope)
+        return torch.autograd.grad(o, (q, k, v), do)
+
+    return Problem(q, k, v, do, slope, fwd, fwd_bwd)
+
+
+def write_json(path: str | None, result: dict) -> None:
+    """Writes ``result`` to ``path`` (indented) when a path is given."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
