@@ -41,3 +41,26 @@ def test_sequence_parallel_training_matches_single_process(tmp_path):
     # same batches, same init: the losses of every step and every validation agree to float32 rounding
     torch.testing.assert_close(torch.tensor(a["train"]), torch.tensor(b["train"]), rtol=1e-5, atol=0)
     torch.testing.assert_close(torch.tensor(a["val"]), torch.tensor(b["val"]), rtol=1e-5, atol=0)
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun is not on PATH")
+def test_sequence_parallel_composes_with_data_parallel(tmp_path):
+    """4 ranks = 2 data-parallel replicas × 2 sequence-parallel ranks train exactly like 2 data-parallel ranks
+    without sequence parallelism (same replica batches; each replica's two ranks hold the halves of its sequences)."""
+    common = ["train", "--smoke", "--no-progress", "--device", "cpu"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+
+    def torchrun(nproc, out, *extra):
+        proc = subprocess.run(
+            ["torchrun", "--nproc-per-node", str(nproc), "--master-port", str(_free_port()), "-m",
+             "lightning_attention", *common, *extra, "--out", str(out)],
+            capture_output=True, text=True, timeout=600, env=env,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+        return proc.stdout
+
+    assert "sequence parallel over 2 ranks" in torchrun(4, tmp_path / "sp2dp2", "--sequence-parallel", "2")
+    torchrun(2, tmp_path / "dp2")
+    a, b = _history(tmp_path / "sp2dp2"), _history(tmp_path / "dp2")
+    torch.testing.assert_close(torch.tensor(a["train"]), torch.tensor(b["train"]), rtol=1e-5, atol=0)
+    torch.testing.assert_close(torch.tensor(a["val"]), torch.tensor(b["val"]), rtol=1e-5, atol=0)
