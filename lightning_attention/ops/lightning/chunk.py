@@ -109,6 +109,7 @@ def _segment_len(x: torch.Tensor, lengths_total: int, num_seqs: int, H: int, DV:
     return best_segment_len(triton.cdiv(lengths_total, num_seqs), num_seqs * H * triton.cdiv(DV, 64), slots, min_len)
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of four ints, called on every launch: its loop is host time
 def best_segment_len(length: int, programs: int, slots: int, min_len: int) -> int:
     """The segment length (a multiple of 64; 0 = one segment) that minimises the estimated time of a walk.
 
