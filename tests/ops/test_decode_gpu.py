@@ -181,9 +181,11 @@ def test_step_real_sizes(batch, K, V, dtype, monkeypatch):
     assert torch.equal(pool[untouched], before[untouched])
 
 
-def test_cuda_graph_capture_and_replay_match_eager():
-    """A step with out= captured once and replayed for 6 tokens equals eager steps (bitwise: same kernel, same
-    inputs) and float64; the pool rows advance in place, padding stays zero."""
+def _graph_case():
+    """The CUDA-graph tests' case: B = 8 slots (two padding), H = 16, K = V = 128, a pool of 12 rows, 6 bf16 steps.
+
+    Returns (B, H, K, V, P, steps, slope [H], qs [steps, B, H, K], ks, vs [steps, B, H, V], idx [B], pool0 [P, H, K, V]).
+    """
     B, H, K, V, P, steps = 8, 16, 128, 128, 12, 6
     dtype = torch.bfloat16
     slope = la.tnl_slopes(H, 3, 12).to(DEV)
@@ -191,6 +193,14 @@ def test_cuda_graph_capture_and_replay_match_eager():
     vs = randn(steps, B, H, V, dtype=dtype, seed=3)
     idx = torch.tensor([11, 0, -1, 5, 7, -1, 2, 9], device=DEV, dtype=torch.int32)
     pool0 = randn(P, H, K, V, seed=4)
+    return B, H, K, V, P, steps, slope, qs, ks, vs, idx, pool0
+
+
+def test_cuda_graph_capture_and_replay_match_eager():
+    """A step with out= captured once and replayed for 6 tokens equals eager steps (bitwise: same kernel, same
+    inputs) and float64; the pool rows advance in place, padding stays zero."""
+    B, H, K, V, P, steps, slope, qs, ks, vs, idx, pool0 = _graph_case()
+    dtype = qs.dtype
 
     pool_eager = pool0.clone()
     eager = [la.lightning_attn_decode(qs[t], ks[t], vs[t], pool_eager, slope, state_indices=idx) for t in range(steps)]
@@ -326,13 +336,8 @@ def test_cuda_graph_captures_the_fast_path(warmup, launch_cache, monkeypatch):
     """With 1 warm-up step the captured step is the verification (Triton's launch with the recorder); with 3
     (Triton, verification, direct) it is the direct launch, on the capture stream. Either way replays equal steps
     launched through Triton, bitwise."""
-    B, H, K, V, P, steps = 8, 16, 128, 128, 12, 6
-    dtype = torch.bfloat16
-    slope = la.tnl_slopes(H, 3, 12).to(DEV)
-    qs, ks = (randn(steps, B, H, K, dtype=dtype, seed=s) for s in (1, 2))
-    vs = randn(steps, B, H, V, dtype=dtype, seed=3)
-    idx = torch.tensor([11, 0, -1, 5, 7, -1, 2, 9], device=DEV, dtype=torch.int32)
-    pool0 = randn(P, H, K, V, seed=4)
+    B, H, K, V, P, steps, slope, qs, ks, vs, idx, pool0 = _graph_case()
+    dtype = qs.dtype
 
     pool_triton = pool0.clone()
     with monkeypatch.context() as m:
