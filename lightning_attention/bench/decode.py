@@ -22,7 +22,7 @@ from lightning_attention.bench import metrics
 from lightning_attention.bench.external import call_with_supported, find_function
 from lightning_attention.bench.progress import progress
 from lightning_attention.bench.results import ResultWriter, clean, fmt, format_table, load_plots
-from lightning_attention.bench.timing import is_out_of_memory, measure_copy_bandwidth, release
+from lightning_attention.bench.timing import measure_copy_bandwidth, record_failure, release
 
 TIMING_MODULE = "lightning_attention.bench.decode_timing"
 BATCHES = (1, 8, 64, 256)
@@ -87,9 +87,7 @@ def run(args, device: torch.device, writer: ResultWriter, out: pathlib.Path) -> 
                 if result.get("fla_skipped"):
                     record["fla_skipped"] = result["fla_skipped"]
             except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
-                record.update(
-                    status="oom" if is_out_of_memory(exc) else "error", error=f"{type(exc).__name__}: {exc}"[:400]
-                )
+                record_failure(record, exc)
             finally:
                 release(device)
             writer.add("latency", record)

@@ -13,7 +13,7 @@ import torch
 from lightning_attention.bench.external import call_with_supported, find_function, numbers
 from lightning_attention.bench.progress import progress
 from lightning_attention.bench.results import ResultWriter, clean, fmt, format_table, load_plots
-from lightning_attention.bench.timing import is_out_of_memory, release
+from lightning_attention.bench.timing import record_failure, release
 
 TIMING_MODULE = "lightning_attention.bench.hybrid_timing"
 SEQLENS = (4096, 8192, 16384, 32768, 65536)
@@ -36,9 +36,7 @@ def run(args, device: torch.device, writer: ResultWriter, out: pathlib.Path) -> 
             try:
                 record.update(status="ok", result=clean(call_with_supported(time_hybrid, seqlen, **hints)))
             except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
-                record.update(
-                    status="oom" if is_out_of_memory(exc) else "error", error=f"{type(exc).__name__}: {exc}"[:400]
-                )
+                record_failure(record, exc)
             finally:
                 release(device)
             writer.add("results", record)

@@ -23,26 +23,15 @@ from lightning_attention.bench.registry import Provider, Shape, ShapeSet
 from lightning_attention.bench.results import ResultWriter, fmt, format_table, load_plots
 from lightning_attention.bench.timing import (
     bench,
-    is_out_of_memory,
     measure_copy_bandwidth,
     peak_memory,
+    record_failure,
     release,
     wall_seconds,
 )
 from lightning_attention.utils.testing import relative_error
 
 OP = providers.LIGHTNING_ATTN
-
-
-def _error_text(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}".strip().replace("\n", " ")
-    return text[:400]
-
-
-def _failure(record: dict, exc: BaseException) -> dict:
-    record["status"] = "oom" if is_out_of_memory(exc) else "error"
-    record["error"] = _error_text(exc)
-    return record
 
 
 def select_providers(ours: list[str], baselines: list[str], device: torch.device, writer: ResultWriter):
@@ -127,7 +116,7 @@ def measure_case(
                 workspace_ratio=workspace / metrics.input_bytes(shape),
             )
     except Exception as exc:  # noqa: BLE001 - one provider failing must not stop the run
-        _failure(record, exc)
+        record_failure(record, exc)
     finally:
         del inputs, prepared
         release(device)
@@ -164,7 +153,7 @@ def measure_accuracy(provider: Provider, shape: Shape, device: torch.device, see
         record["err_max"] = max(record[f"err_{n}"] for n in ("o", "dq", "dk", "dv"))
         record["status"] = "ok"
     except Exception as exc:  # noqa: BLE001
-        _failure(record, exc)
+        record_failure(record, exc)
     finally:
         del inputs, prepared
         release(device)

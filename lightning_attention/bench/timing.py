@@ -116,6 +116,14 @@ def release(device: torch.device) -> None:
 _OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)  # the top-level alias is recent
 
 
+def record_failure(record: dict, exc: BaseException) -> dict:
+    """Marks a benchmark record as failed: ``status`` "oom" (see :func:`is_out_of_memory`) or "error", and ``error``
+    the exception's type and message on one line (400 characters at most). Returns the record."""
+    record["status"] = "oom" if is_out_of_memory(exc) else "error"
+    record["error"] = f"{type(exc).__name__}: {exc}".strip().replace("\n", " ")[:400]
+    return record
+
+
 def is_out_of_memory(exc: BaseException) -> bool:
     """A CUDA allocator OOM (or an op that reports one in its message); Triton's shared-memory OutOfResources is not."""
     if isinstance(exc, _OOM):
