@@ -42,6 +42,7 @@ import torch.distributed as dist
 
 from lightning_attention.distributed.comm_volume import LENGTH_SLOTS, note_collective
 from lightning_attention.ops.lightning.interface import lightning_attn
+from lightning_attention.ops.lightning.naive import compute_dtype
 from lightning_attention.ops.lightning.validation import check_lightning_attn_inputs
 
 # A float32 slot holds every integer below 2^24 exactly: a slice length n is sent as (n mod 2^24, n div 2^24).
@@ -162,17 +163,12 @@ def _incoming_term(q, slope, incoming, scale) -> torch.Tensor:
     q ``[B, T_r, H, K]``; incoming ``[B, H, K, V]`` float32; slope ``[H]`` or None. Arithmetic in the state dtype
     (the fp32 state is never rounded to the input dtype here); the decay exponent t+1 is formed in float64.
     """
-    T, H = q.shape[1], q.shape[2]
+    T = q.shape[1]
     qf = q.to(incoming.dtype)
     if slope is not None:
         t = torch.arange(1, T + 1, device=q.device, dtype=torch.float64)
         qf = qf * torch.exp(-slope.to(torch.float64)[None, :] * t[:, None]).to(incoming.dtype)[None, :, :, None]
     return (scale * torch.einsum("bthk,bhkv->bthv", qf, incoming)).to(q.dtype)
-
-
-def _state_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype of the states the public op returns for inputs of ``dtype`` (float64 only for fp64 references)."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def lightning_attn_sp(
@@ -238,7 +234,7 @@ def lightning_attn_sp(
     if T > 0:
         o_local, local_state = lightning_attn(q, k, v, slope, scale=scale, output_final_state=True)
     else:
-        local_state = torch.zeros(B, H, K, V, dtype=_state_dtype(q.dtype), device=q.device)
+        local_state = torch.zeros(B, H, K, V, dtype=compute_dtype(q.dtype), device=q.device)
     incoming, final_state = _StateExchange.apply(
         local_state, initial_state, slope, T, group, world_size, rank, output_final_state
     )

@@ -174,10 +174,6 @@ def _acc(dtype: torch.dtype):
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 
-def _state_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def _precisions(dtype: torch.dtype):
     """(DOT_PREC, INTER_PREC): exact products for fp32/fp64 inputs; for fp16 the inter product (λq)·S in tf32 on fp32
     operands (the state is never rounded to fp16: its values outgrow fp16); for bf16 ``LIGHTNING_ATTENTION_BF16_INTER``
@@ -318,7 +314,7 @@ def _scan(states, *, slope, h0, ht, plan, N, H, T, reverse):
 
 def _segmented_states(k, v, *, slope, h0, ht, plan, N, H, T, scale_upd, reverse):
     """Pre-pass + scan: [NSEG, H, DK, DV] incoming states of the walk over (k, v); writes the final state to ht."""
-    states = torch.empty(plan.total, H, k.shape[-1], v.shape[-1], device=k.device, dtype=_state_dtype(k.dtype))
+    states = torch.empty(plan.total, H, k.shape[-1], v.shape[-1], device=k.device, dtype=naive.compute_dtype(k.dtype))
     _walk(
         k, k, v, None, slope=slope, h0=None, ht=None, states=states, plan=plan, T=T, H=H,
         scale_intra=1.0, scale_inter=1.0, scale_upd=scale_upd, reverse=reverse, state_only=True,
@@ -337,7 +333,7 @@ def chunk_forward(q, k, v, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, output_
     B, T, H, K = q.shape
     V = v.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    sdt = _state_dtype(q.dtype)
+    sdt = naive.compute_dtype(q.dtype)
     o = torch.empty(B, T, H, V, device=q.device, dtype=q.dtype)
     if T == 0:
         ht = None
@@ -370,7 +366,7 @@ def chunk_backward(
     B, T, H, K = q.shape
     V = v.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    sdt = _state_dtype(q.dtype)
+    sdt = naive.compute_dtype(q.dtype)
     dq = torch.empty(B, T, H, K, device=q.device, dtype=q.dtype)
     dk = torch.empty(B, T, H, K, device=q.device, dtype=q.dtype)
     dv = torch.empty(B, T, H, V, device=q.device, dtype=q.dtype)
@@ -427,7 +423,7 @@ def chunk_backward(
 # torch.library ops (custom_op + register_fake: the interpreter cannot run on fake tensors, so no triton_op)
 
 
-def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+def last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     """Strided views are taken as they are; only a non-unit last stride is copied."""
     return x if x.stride(-1) == 1 else x.contiguous()
 
@@ -469,9 +465,9 @@ def _chunk_forward_op_body(
     q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk
 ):
     o, ht, states = chunk_forward(
-        _last_dim_contiguous(q),
-        _last_dim_contiguous(k),
-        _last_dim_contiguous(v),
+        last_dim_contiguous(q),
+        last_dim_contiguous(k),
+        last_dim_contiguous(v),
         None if slope is None else slope.to(torch.float32).contiguous(),
         initial_state,
         cu_seqlens,
@@ -481,9 +477,9 @@ def _chunk_forward_op_body(
         inter_chunk,
     )
     if ht is None:
-        ht = q.new_zeros(0, dtype=_state_dtype(q.dtype))
+        ht = q.new_zeros(0, dtype=naive.compute_dtype(q.dtype))
     if states is None or cu_seqlens is not None:
-        states = q.new_zeros(0, dtype=_state_dtype(q.dtype))
+        states = q.new_zeros(0, dtype=naive.compute_dtype(q.dtype))
     return o, ht, states
 
 
@@ -497,7 +493,7 @@ def _(q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_f
     if cu_seqlens is None and T > 0:
         plan = plan_segments(q, v, None, None, align=inter_chunk)
         seg_shape = (plan.total, H, K, V) if plan.segmented else (0,)
-    return o, q.new_empty(shape, dtype=_state_dtype(q.dtype)), q.new_empty(seg_shape, dtype=_state_dtype(q.dtype))
+    return o, q.new_empty(shape, dtype=naive.compute_dtype(q.dtype)), q.new_empty(seg_shape, dtype=naive.compute_dtype(q.dtype))
 
 
 @torch.library.custom_op("lightning_attention::chunk_bwd", mutates_args=())
@@ -527,10 +523,10 @@ def _chunk_backward_op_body(
     q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, inter_chunk, fwd_states
 ):
     dq, dk, dv, dh0 = chunk_backward(
-        _last_dim_contiguous(q),
-        _last_dim_contiguous(k),
-        _last_dim_contiguous(v),
-        _last_dim_contiguous(do),
+        last_dim_contiguous(q),
+        last_dim_contiguous(k),
+        last_dim_contiguous(v),
+        last_dim_contiguous(do),
         dht,
         None if slope is None else slope.to(torch.float32).contiguous(),
         initial_state,
@@ -542,18 +538,24 @@ def _chunk_backward_op_body(
         fwd_states if fwd_states is not None and fwd_states.numel() else None,
     )
     if dh0 is None:
-        dh0 = q.new_zeros(0, dtype=_state_dtype(q.dtype))
+        dh0 = q.new_zeros(0, dtype=naive.compute_dtype(q.dtype))
     return dq, dk, dv, dh0
 
 
-@chunk_bwd_op.register_fake
-def _(q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, inter_chunk=0, fwd_states=None):
+def backward_outputs_fake(q, v, initial_state, cu_seqlens):
+    """The shapes of a backward op's outputs (``chunk_bwd``, ``recompute_bwd``): dq, dk like q; dv like v; dh0
+    ``[N, H, K, V]`` in the state dtype when there is an initial state, else an empty ``[0]``."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     shape = (_num_seqs(q, cu_seqlens), H, K, V) if initial_state is not None else (0,)
     return q.new_empty(B, T, H, K), q.new_empty(B, T, H, K), q.new_empty(B, T, H, V), q.new_empty(
-        shape, dtype=_state_dtype(q.dtype)
+        shape, dtype=naive.compute_dtype(q.dtype)
     )
+
+
+@chunk_bwd_op.register_fake
+def _(q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, inter_chunk=0, fwd_states=None):
+    return backward_outputs_fake(q, v, initial_state, cu_seqlens)
 
 
 # the ops' implementations without the dispatcher round trip: what plain eager mode calls (backend.plain_eager)

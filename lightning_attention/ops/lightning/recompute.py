@@ -69,7 +69,9 @@ import torch
 import triton
 import triton.language as tl
 
+from lightning_attention.ops.lightning.chunk import backward_outputs_fake, last_dim_contiguous
 from lightning_attention.ops.lightning.kernels.recompute import recompute_bwd_kernel
+from lightning_attention.ops.lightning.naive import compute_dtype
 
 # Register budget of one program's carried state: 8192 fp32 values = 64 registers per thread at 4 warps,
 # leaving room for the [CBLOCK, d] operand tiles (d <= 256) without spilling.
@@ -127,11 +129,6 @@ def kernel_dtypes(dtype: torch.dtype) -> dict:
     raise TypeError(f"q must be float16, bfloat16 or float32, got {dtype}")
 
 
-def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
-    """Kernels take strides; only a non-unit last stride (e.g. an expanded grad) forces a copy."""
-    return x if x.stride(-1) == 1 else x.contiguous()
-
-
 def recompute_backward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -173,9 +170,9 @@ def recompute_backward(
     if q.dtype == torch.float64 and q.is_cuda:
         raise TypeError("float64 runs only on the PyTorch path or under the Triton interpreter")
     dtypes = kernel_dtypes(q.dtype)
-    state_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    state_dtype = compute_dtype(q.dtype)
 
-    q, k, v, do = (_last_dim_contiguous(x) for x in (q, k, v, do))
+    q, k, v, do = (last_dim_contiguous(x) for x in (q, k, v, do))
     if do.dtype != q.dtype:  # autocast / mixed-precision callers can hand back a gradient in another dtype
         do = do.to(q.dtype)
     if slope is not None:  # read by the kernels as slope[h]
@@ -233,17 +230,10 @@ def recompute_bwd_direct(q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_
         cu_seqlens_cpu=cu_seqlens_cpu,
     )  # fmt: skip
     if dh0 is None:
-        dh0 = q.new_zeros(0, dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
+        dh0 = q.new_zeros(0, dtype=compute_dtype(q.dtype))
     return dq, dk, dv, dh0
 
 
 @recompute_bwd_op.register_fake
 def _(q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale):
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    if initial_state is None:
-        dh0 = q.new_empty(0, dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
-    else:
-        N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-        dh0 = q.new_empty(N, H, K, V, dtype=initial_state.dtype)
-    return q.new_empty(B, T, H, K), q.new_empty(B, T, H, K), q.new_empty(B, T, H, V), dh0
+    return backward_outputs_fake(q, v, initial_state, cu_seqlens)
