@@ -34,6 +34,19 @@ def _zero_pair(B, H, Kf, V, device, ct):
     return torch.zeros(B, H, Kf, V, device=device, dtype=ct), torch.zeros(B, H, Kf, device=device, dtype=ct)
 
 
+def _prepared(feature_map, q, k, v, initial_state):
+    """Both references' inputs in the arithmetic dtype ct: (ct, φ(q), φ(k) [B, T, H, K'], v [B, T, H, V], and the
+    incoming pair S0 [B, H, K', V], z0 [B, H, K'] — zeros without ``initial_state``)."""
+    B, _, H, _ = q.shape
+    ct = compute_dtype(q.dtype)
+    fq, fk = _features(feature_map, q, k, ct)
+    if initial_state is None:
+        S0, z0 = _zero_pair(B, H, fq.shape[-1], v.shape[-1], q.device, ct)
+    else:
+        S0, z0 = initial_state[0].to(ct), initial_state[1].to(ct)
+    return ct, fq, fk, v.to(ct), S0, z0
+
+
 def _per_sequence_pair(fn, q, k, v, slope, initial_state, cu_seqlens, **kw):
     """Runs ``fn`` on each packed sequence (B == 1) and concatenates; state pairs are stacked along N."""
     offsets = [int(x) for x in cu_seqlens.tolist()]
@@ -62,14 +75,8 @@ def recurrent_normalized_linear_attn(
         )
     B, T, H, _ = q.shape
     V = v.shape[-1]
-    ct = compute_dtype(q.dtype)
-    fq, fk = _features(feature_map, q, k, ct)
-    vf = v.to(ct)
+    ct, fq, fk, vf, S, z = _prepared(feature_map, q, k, v, initial_state)
     lam = torch.exp(-_slope_or_zeros(slope, H, q.device, ct))[None, :, None]  # [1, H, 1]
-    if initial_state is None:
-        S, z = _zero_pair(B, H, fq.shape[-1], V, q.device, ct)
-    else:
-        S, z = initial_state[0].to(ct), initial_state[1].to(ct)
     outs = []
     for t in range(T):
         S = lam[..., None] * S + torch.einsum("bhk,bhv->bhkv", fk[:, t], vf[:, t])  # write first (inclusive) ...
@@ -94,15 +101,8 @@ def quadratic_normalized_linear_attn(
             feature_map=feature_map, eps=eps, scale=scale,
         )
     B, T, H, _ = q.shape
-    V = v.shape[-1]
-    ct = compute_dtype(q.dtype)
-    fq, fk = _features(feature_map, q, k, ct)
-    vf = v.to(ct)
+    ct, fq, fk, vf, S0, z0 = _prepared(feature_map, q, k, v, initial_state)
     s = _slope_or_zeros(slope, H, q.device, ct)
-    if initial_state is None:
-        S0, z0 = _zero_pair(B, H, fq.shape[-1], V, q.device, ct)
-    else:
-        S0, z0 = initial_state[0].to(ct), initial_state[1].to(ct)
     t = torch.arange(T, device=q.device, dtype=ct)
     dist = t[:, None] - t[None, :]
     mask = torch.exp(torch.where(dist >= 0, -s[:, None, None] * dist, torch.full_like(dist, float("-inf"))))  # [H,T,T]

@@ -5,8 +5,6 @@ Every result is compared with float64 from the same rounded inputs (DESIGN §5).
 they belong to the benchmark (lightning_attention.bench.decode_timing).
 """
 
-import importlib
-
 import pytest
 import torch
 
@@ -14,20 +12,12 @@ import lightning_attention as la
 from lightning_attention.ops.lightning import naive
 from lightning_attention.ops.lightning.kernels import decode as kdecode
 from lightning_attention.utils.testing import assert_close
-from tests.ops.test_decode import fresh_dynamo_rules  # noqa: F401 (fixture)
+from tests.ops.test_decode import _chunk_kernels_missing, fresh_dynamo_rules  # noqa: F401 (fixture)
 from tests.ops.test_naive import make_slope
 
 pytestmark = pytest.mark.gpu
 
 DEV = "cuda"
-
-
-def _chunk_kernels_missing() -> str | None:
-    try:
-        importlib.import_module("lightning_attention.ops.lightning.chunk")
-    except ImportError as e:
-        return f"Triton prefill (lightning_attention.ops.lightning.chunk) cannot be imported: {e}"
-    return None
 
 
 PREFILL = [
