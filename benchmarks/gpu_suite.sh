@@ -73,12 +73,15 @@ for stage in ${stages//,/ }; do
         tables) run tables 60 python3 benchmarks/perf_tables.py "$res" --out "$res/tables.md" ;;  # last: reads all
         model) run model 150 python3 -m lightning_attention.bench.model_timing --contexts 2048 8192 32768 65536 \
                    --loss-steps 0 ;;
+        # issue 10: the model benchmark CLI (throughput per context, both archs, and short loss curves)
+        bench_model) run bench_model 200 python3 -m lightning_attention.bench model --loss-steps 400 \
+                         --out "$res/bench_model" ;;
         timing) run timing 260 python3 benchmarks/chunk_timing.py --long 131072,1048576 --out "$res/chunk_timing.json" ;;
         timing_twowalk) run timing_twowalk 90 env LIGHTNING_ATTENTION_DKDV=0 python3 benchmarks/chunk_timing.py \
                             --lengths 2048,32768 --long "" --out "$res/chunk_timing_twowalk.json" ;;
         profile) run profile 100 python3 benchmarks/chunk_profile.py --out "$res/chunk_profile.json" ;;
         tests_chunk) run tests_chunk 130 python3 -m pytest -q -m gpu -p no:cacheprovider tests/ops/test_chunk_gpu.py ;;
-        tests_chunk_cuda) run tests_chunk_cuda 200 python3 -m pytest -q -p no:cacheprovider --durations=10 \
+        tests_chunk_cuda) run tests_chunk_cuda "${TESTS_CHUNK_CUDA_S:-200}" python3 -m pytest -q -p no:cacheprovider --durations=10 \
                               tests/ops/test_chunk.py tests/ops/test_library.py ;;
         passes) run passes 120 python3 benchmarks/chunk_passes.py --shapes 32x2048,4x16384,2x32768 \
                     --out "$res/chunk_passes.json" ;;
