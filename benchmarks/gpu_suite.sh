@@ -58,6 +58,9 @@ for stage in ${stages//,/ }; do
                           --out "$res/host_profile.txt" ;;
         inter_debug) run inter_debug 150 python3 benchmarks/inter_debug.py ;;
         host) run host 60 python3 benchmarks/host_overhead.py --out "$res/host_overhead.json" ;;
+        # the same through Triton's normal launch path (kernels/launch.py off): the direct launch's gain
+        host_normal) run host_normal 60 env LIGHTNING_ATTENTION_DIRECT_LAUNCH=0 python3 benchmarks/host_overhead.py \
+                         --out "$res/host_overhead_normal.json" ;;
         decode) run decode 150 python3 -m lightning_attention.bench decode --out "$res/decode" ;;
         recompute) run recompute 120 python3 benchmarks/recompute_timing.py --out "$res/recompute_timing.json" ;;
         hybrid) run hybrid 90 python3 -m lightning_attention.bench hybrid --out "$res/hybrid" ;;

@@ -23,8 +23,11 @@ print("ok", float(o.float().abs().sum()), [float(x.float().abs().sum()) for x in
 
 
 def main() -> int:
-    # (T, V, C, pinned config); C = 0: the full op lightning_attn (no inter-only mode)
-    cases = [(1024, 16, 64, ""), (1024, 129, 128, ""), (1024, 128, 256, "")]
+    # (T, V, C, pinned config); C = 0: the full op lightning_attn (no inter-only mode). First the GPU test's cases
+    # with the configuration the dispatcher picks (configs.inter_only_config), then probes of the fault rule there:
+    # 8 warps on a 64-token tile (predicted to fault), 4 warps at 256 with a 32-wide value tile
+    cases = [(1024, v, c, "") for v, c in ((16, 64), (32, 128), (48, 64), (128, 64), (128, 256), (129, 128))]
+    cases += [(1024, 128, 64, "BV=32,num_warps=8,num_stages=1"), (1024, 128, 256, "BV=32,num_warps=4,num_stages=1")]
     for T, V, C, pin in cases:
         env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")
         if pin:

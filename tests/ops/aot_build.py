@@ -24,6 +24,7 @@ from lightning_attention.ops.lightning.kernels.configs import (
     dkdv_state_bytes,
     estimate_dkdv_shared_bytes,
     estimate_shared_bytes,
+    inter_only_config,
     padded_dim,
     select_configs,
     select_dkdv_configs,
@@ -63,9 +64,7 @@ def signature(fn, dtype: str) -> dict:
 def dispatcher_configs(cc: int, dtype: str, DK: int, DV: int, flags: dict):
     """What the walk's pruning keeps on ``cc`` (the inter-only mode: its fixed-BT space with BT = flags["BT"])."""
     if flags.get("INTER_ONLY"):
-        space = walk_autotune_configs(fixed_bt=True)
-        cfgs = select_configs(space, DK, DV, ELEM_BYTES[dtype], SHARED_LIMITS[cc], fixed_bt=flags["BT"], inter_only=True)
-        return [triton.Config({"BT": flags["BT"], **c.kwargs}, num_warps=c.num_warps, num_stages=c.num_stages) for c in cfgs]
+        return [inter_only_config(flags["BT"], DK, DV, ELEM_BYTES[dtype], SHARED_LIMITS[cc])]
     space = walk_autotune_configs(state_only=flags.get("STATE_ONLY", False))
     return select_configs(space, DK, DV, ELEM_BYTES[dtype], SHARED_LIMITS[cc])
 

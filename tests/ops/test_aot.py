@@ -136,15 +136,23 @@ def test_inter_only_fit_rule():
 
 def test_inter_only_mode_runs_one_configuration():
     """The inter-only mode is not autotuned (autotuning it faulted on an H100, see configs._FIXED_BT_CONFIG): one
-    configuration, with 4 warps where the value tile is 16 wide."""
-    from lightning_attention.ops.lightning.kernels.configs import (
-        SHARED_LIMITS,
-        select_configs,
-        walk_autotune_configs,
-    )
+    configuration, passed explicitly: 8 warps only on chunk tiles of >= 128 tokens, and BV = 16 with 4 warps where a
+    padded head dim is 16 (either orientation: the dq and dk walks swap K and V)."""
+    from lightning_attention.ops.lightning.kernels.configs import SHARED_LIMITS, inter_only_config
+    from lightning_attention.ops.lightning.kernels.walk import lightning_inter_walk_kernel
 
-    space = walk_autotune_configs(fixed_bt=True)
-    assert len(space) == 1
-    for dv, expected in ((16, (16, 4, 1)), (32, (32, 8, 1)), (128, (32, 8, 1)), (129, (32, 8, 1))):
-        (cfg,) = select_configs(space, 128, dv, 2, SHARED_LIMITS[90], fixed_bt=64, inter_only=True)
-        assert (cfg.kwargs["BV"], cfg.num_warps, cfg.num_stages) == expected
+    assert not hasattr(lightning_inter_walk_kernel, "configs")  # a plain kernel: nothing can skip a pruning hook
+    cases = (  # (BT, DK, DV) -> (BV, num_warps, num_stages)
+        ((64, 128, 16), (16, 4, 1)),
+        ((64, 16, 128), (16, 4, 1)),
+        ((256, 128, 16), (16, 4, 1)),
+        ((64, 128, 32), (32, 4, 1)),
+        ((64, 128, 128), (32, 4, 1)),
+        ((128, 128, 32), (32, 8, 1)),
+        ((128, 128, 129), (32, 8, 1)),
+        ((256, 128, 128), (32, 8, 1)),
+    )
+    for (bt, dk, dv), expected in cases:
+        cfg = inter_only_config(bt, dk, dv, 2, SHARED_LIMITS[90])
+        assert cfg.kwargs["BT"] == bt
+        assert (cfg.kwargs["BV"], cfg.num_warps, cfg.num_stages) == expected, (bt, dk, dv)

@@ -15,6 +15,7 @@ import warnings
 import pytest
 import torch
 import triton
+from triton.runtime.jit import JITFunction
 
 import lightning_attention as la
 from lightning_attention.ops.lightning import validation
@@ -184,7 +185,7 @@ def _run_steps(n, pool, slope, idx, ref, *, dtype=torch.float32, transform=lambd
 
 def test_interpreter_kernel_is_never_launched_directly():
     """Under TRITON_INTERPRET=1 the kernel is an InterpretedFunction: the cache starts disabled (CPU CI)."""
-    if isinstance(kdecode._decode_step_kernel, kdecode.JITFunction):
+    if isinstance(kdecode._decode_step_kernel, JITFunction):
         pytest.skip("compiled Triton (no interpreter) in this process")
     assert kdecode._LAUNCH_CACHE.disabled is not None
 

@@ -42,12 +42,19 @@ import triton.language as tl
 
 from lightning_attention.backend import plain_eager
 from lightning_attention.ops.lightning import naive
-from lightning_attention.ops.lightning.kernels.configs import dkdv_state_bytes, padded_dim, shared_limit, use_dkdv_walk
+from lightning_attention.ops.lightning.kernels.configs import (
+    dkdv_state_bytes,
+    inter_only_config,
+    padded_dim,
+    shared_limit,
+    use_dkdv_walk,
+)
 from lightning_attention.ops.lightning.kernels.dkdv_walk import lightning_dkdv_fixed_bt_kernel, lightning_dkdv_kernel
+from lightning_attention.ops.lightning.kernels.launch import DirectLauncher
 from lightning_attention.ops.lightning.kernels.walk import (
+    lightning_inter_walk_kernel,
     lightning_scan_kernel,
     lightning_state_kernel,
-    lightning_walk_fixed_bt_kernel,
     lightning_walk_kernel,
 )
 
@@ -191,6 +198,24 @@ def _state_strides(x: torch.Tensor | None):
     return (0, 0, 0, 0) if x is None else tuple(x.stride())
 
 
+# one launcher per kernel: after two launches through Triton, a launch key's compiled kernel is called directly
+# (kernels/launch.py), which takes Triton's ~0.1-0.3 ms of host time per launch out of every call
+_WALK = DirectLauncher(lightning_walk_kernel, "lightning_attn walk")
+_STATE = DirectLauncher(lightning_state_kernel, "lightning_attn segment pre-pass")
+_INTER_WALK = DirectLauncher(lightning_inter_walk_kernel, "lightning_attn inter-only walk")
+_SCAN = DirectLauncher(lightning_scan_kernel, "lightning_attn segment scan")
+_DKDV = DirectLauncher(lightning_dkdv_kernel, "lightning_attn dk/dv walk")
+_DKDV_FIXED_BT = DirectLauncher(lightning_dkdv_fixed_bt_kernel, "lightning_attn inter-only dk/dv walk")
+
+
+@functools.lru_cache(maxsize=256)
+def _inter_only_config(BT: int, DK: int, DV: int, elem_bytes: int, device_index: int | None) -> dict:
+    """The inter-only walk's launch configuration as keyword arguments (BT, BV, num_warps, num_stages)."""
+    limit = shared_limit() if device_index is not None else None
+    cfg = inter_only_config(BT, DK, DV, elem_bytes, limit)
+    return {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+
+
 def _walk(
     q, k, v, o, *, slope, h0, ht, states, plan, T, H, scale_intra, scale_inter, scale_upd, reverse, state_only,
     inter_chunk=0,
@@ -199,15 +224,12 @@ def _walk(
     ``state_only``); h0/ht: [N, H, DK, DV] views or None; states: [NSEG, H, DK, DV] view or None.
     ``inter_chunk`` > 0: the inter-only mode with chunks of that many tokens (BT fixed, no intra-chunk term)."""
     DK, DV = q.shape[-1], v.shape[-1]
-    seg_in = plan.segmented and not state_only
     dummy = q
     o_ = dummy if o is None else o
     dot_prec, inter_prec = _precisions(q.dtype)
-    grid = lambda meta: (triton.cdiv(DV, meta["BV"]) * H * plan.total,)  # noqa: E731
-    kernel, extra = (lightning_state_kernel if state_only else lightning_walk_kernel), {}
-    if inter_chunk and not state_only:  # the pre-pass's state does not depend on the chunking
-        kernel, extra = lightning_walk_fixed_bt_kernel, {"BT": triton.next_power_of_2(inter_chunk)}
-    kernel[grid](
+    total = plan.total
+    grid = lambda meta: (triton.cdiv(DV, meta["BV"]) * H * total,)  # noqa: E731
+    args = (
         q, k, v, o_,
         dummy if slope is None else slope,
         dummy if h0 is None else h0,
@@ -219,20 +241,27 @@ def _walk(
         *_state_strides(h0), *_state_strides(ht), *_state_strides(states),
         float(scale_intra), float(scale_inter), float(scale_upd),
         T, H, plan.per_seq, plan.seg_len, inter_chunk if not state_only else 0,
+    )  # fmt: skip
+    constexprs = dict(
         DK=DK, DV=DV, BK=padded_dim(DK),
         VARLEN=plan.varlen,
         REVERSE=reverse,
         HAS_DECAY=slope is not None,
         USE_H0=h0 is not None and not plan.segmented,
         STORE_HT=ht is not None and not plan.segmented and not state_only,
-        SEG_IN=seg_in,
+        SEG_IN=plan.segmented and not state_only,
         STATE_ONLY=state_only,
         INTER_ONLY=bool(inter_chunk) and not state_only,
         ACC=_acc(q.dtype),
         DOT_PREC=dot_prec,
         INTER_PREC=inter_prec,
-        **extra,
     )  # fmt: skip
+    launcher = _STATE if state_only else _WALK
+    if inter_chunk and not state_only:  # the pre-pass's state does not depend on the chunking
+        launcher = _INTER_WALK
+        BT = triton.next_power_of_2(inter_chunk)
+        constexprs.update(_inter_only_config(BT, DK, DV, q.element_size(), q.device.index if q.is_cuda else None))
+    launcher(grid, args, constexprs, q)
 
 
 def _fused_dkdv_enabled(q: torch.Tensor, DK: int, DV: int) -> bool:
@@ -257,10 +286,10 @@ def _dkdv(q, k, v, do, dk, dv, *, slope, dht, dh0, g_states, plan, T, H, scale, 
     DK, DV = q.shape[-1], v.shape[-1]
     dummy = q
     dot_prec, inter_prec = _precisions(q.dtype)
-    kernel, extra = lightning_dkdv_kernel, {}
+    launcher, extra = _DKDV, {}
     if inter_chunk:
-        kernel, extra = lightning_dkdv_fixed_bt_kernel, {"BT": triton.next_power_of_2(inter_chunk)}
-    kernel[(H * plan.total,)](
+        launcher, extra = _DKDV_FIXED_BT, {"BT": triton.next_power_of_2(inter_chunk)}
+    args = (
         q, k, v, do, dk, dv,
         dummy if slope is None else slope,
         dummy if dht is None else dht,
@@ -271,6 +300,8 @@ def _dkdv(q, k, v, do, dk, dv, *, slope, dht, dh0, g_states, plan, T, H, scale, 
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
         *_state_strides(dht), *_state_strides(dh0), *_state_strides(g_states),
         float(scale), T, H, plan.per_seq, plan.seg_len, inter_chunk,
+    )  # fmt: skip
+    constexprs = dict(
         DK=DK, DV=DV, BK=padded_dim(DK), BV=padded_dim(DV),
         VARLEN=plan.varlen,
         HAS_DECAY=slope is not None,
@@ -283,6 +314,7 @@ def _dkdv(q, k, v, do, dk, dv, *, slope, dht, dh0, g_states, plan, T, H, scale, 
         INTER_PREC=inter_prec,
         **extra,
     )  # fmt: skip
+    launcher((H * plan.total,), args, constexprs, q)
 
 
 def _scan(states, *, slope, h0, ht, plan, N, H, T, reverse):
@@ -292,7 +324,7 @@ def _scan(states, *, slope, h0, ht, plan, N, H, T, reverse):
     BV = min(64, padded_dim(DV))
     dummy = states
     grid = (N * H, triton.cdiv(DK, BK), triton.cdiv(DV, BV))
-    lightning_scan_kernel[grid](
+    args = (
         states,
         dummy if h0 is None else h0,
         dummy if ht is None else ht,
@@ -301,6 +333,8 @@ def _scan(states, *, slope, h0, ht, plan, N, H, T, reverse):
         dummy if plan.seg_table is None else plan.seg_table,
         *states.stride(), *_state_strides(h0), *_state_strides(ht),
         T, H, plan.per_seq, plan.seg_len,
+    )  # fmt: skip
+    constexprs = dict(
         DK=DK, DV=DV, BK=BK, BV=BV,
         VARLEN=plan.varlen,
         REVERSE=reverse,
@@ -310,6 +344,7 @@ def _scan(states, *, slope, h0, ht, plan, N, H, T, reverse):
         ACC=_acc(states.dtype),
         num_warps=4,
     )  # fmt: skip
+    _SCAN(grid, args, constexprs, states)
 
 
 def _segmented_states(k, v, *, slope, h0, ht, plan, N, H, T, scale_upd, reverse):

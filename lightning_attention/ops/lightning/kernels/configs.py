@@ -35,10 +35,16 @@ _SPACE = (
 # H100 (triton 3.6) autotuning this mode over the walk's space faulted (illegal memory access) at value dims of
 # 16 and 32 with chunks of 64/128 tokens and at chunks of 256, while every single pinned configuration tried ran:
 # (32, 8, 1) at chunks of 256, (16, 4, 1) at 64 and 256 (benchmarks/results/h100-2026-11-22f, -g; cause not found).
-# Then with this single configuration: chunks of 128 (V = 129) and 256 (V = 128) ran, V = 16 at chunks of 64 (BV
-# clamped to 16 with 8 warps) faulted again: a 16-wide tile takes 4 warps (FIXED_BT_NARROW_WARPS), as pinned.
+# With this single configuration, chunks of 128 (V = 129) and 256 (V = 128) ran and V = 16 at chunks of 64 faulted
+# (h100-2026-11-22h, -i): that run had BV = 32 with 8 warps at BT = 64, because an autotuner with one configuration
+# never calls its pruning hook, so the rules below did not apply then. Every faulting build seen had 8 warps on a
+# 64-token tile (two warpgroups splitting the value columns: wgmma N = 8 or 16 per group) or 4 warps on a
+# 256-token tile with 3.7-5 KB of spills; every build that ran avoided both. So inter_only_config passes, explicitly:
+# 8 warps only for tiles of >= 128 tokens (FIXED_BT_WIDE_MIN_BT), and BV = 16 with 4 warps where a padded head dim
+# is 16 (as pinned in the runs that passed).
 _FIXED_BT_CONFIG = (32, 8, 1)
 FIXED_BT_NARROW_WARPS = 4
+FIXED_BT_WIDE_MIN_BT = 128
 
 # the segment pre-pass (STATE_ONLY: no q, no o; a decayed Kᵀ V reduction over the segment): bandwidth-bound on
 # (k, v), so the whole value dim in one tile (k read once) and pipelined loads
@@ -92,11 +98,15 @@ def walk_autotune_configs(fixed_bt: bool = False, state_only: bool = False) -> l
     """
     pinned = os.environ.get(ENV_CONFIG, "").strip()
     if fixed_bt and not pinned:
-        return [triton.Config({"BV": _FIXED_BT_CONFIG[0]}, num_warps=_FIXED_BT_CONFIG[1], num_stages=_FIXED_BT_CONFIG[2])]
+        return [
+            triton.Config({"BV": _FIXED_BT_CONFIG[0]}, num_warps=_FIXED_BT_CONFIG[1], num_stages=_FIXED_BT_CONFIG[2])
+        ]
     space = _STATE_SPACE if state_only else _SPACE
-    configs = [_parse_pinned(pinned)] if pinned else [
-        triton.Config({"BT": bt, "BV": bv}, num_warps=w, num_stages=s) for bt, bv, w, s in space
-    ]
+    configs = (
+        [_parse_pinned(pinned)]
+        if pinned
+        else [triton.Config({"BT": bt, "BV": bv}, num_warps=w, num_stages=s) for bt, bv, w, s in space]
+    )
     if not fixed_bt:
         return configs
     out, seen = [], set()
@@ -190,7 +200,13 @@ def shared_limit(cc: int | None = None) -> int | None:
 
 
 def select_configs(
-    configs, DK: int, DV: int, elem_bytes: int, limit: int | None, max_configs: int = MAX_TUNED, fixed_bt: int = 0,
+    configs,
+    DK: int,
+    DV: int,
+    elem_bytes: int,
+    limit: int | None,
+    max_configs: int = MAX_TUNED,
+    fixed_bt: int = 0,
     inter_only: bool = False,
 ) -> list[triton.Config]:
     """Clamp BV to the padded value dim, drop duplicates and what would not fit in ``limit`` bytes of shared memory,
@@ -210,14 +226,20 @@ def select_configs(
         seen.add(key)
         if limit is not None and estimate_shared_bytes(BT, BK, BV, cfg.num_stages, elem_bytes, inter_only) > limit:
             continue
+        warps = cfg.num_warps
+        if fixed_bt and min(BK, BVmax) <= 16:  # the narrow inter-only case (see _FIXED_BT_CONFIG)
+            BV, warps = 16, min(warps, FIXED_BT_NARROW_WARPS)
+        elif fixed_bt and BT < FIXED_BT_WIDE_MIN_BT:  # one warpgroup on short chunk tiles (see _FIXED_BT_CONFIG)
+            warps = min(warps, FIXED_BT_NARROW_WARPS)
         meta = {"BV": BV} if fixed_bt else {"BT": BT, "BV": BV}
-        warps = min(cfg.num_warps, FIXED_BT_NARROW_WARPS) if fixed_bt and BV <= 16 else cfg.num_warps
         out.append(triton.Config(meta, num_warps=warps, num_stages=cfg.num_stages))
     out = out[:max_configs]
     if not out:
         smallest = min(
             configs,
-            key=lambda c: estimate_shared_bytes(c.kwargs.get("BT", fixed_bt), BK, c.kwargs["BV"], 1, elem_bytes, inter_only),
+            key=lambda c: estimate_shared_bytes(
+                c.kwargs.get("BT", fixed_bt), BK, c.kwargs["BV"], 1, elem_bytes, inter_only
+            ),
         )
         meta = {"BV": min(smallest.kwargs["BV"], BVmax)}
         if not fixed_bt:
@@ -254,6 +276,20 @@ def walk_prune_configs(configs, named_args, **kwargs):
     )  # fmt: skip
 
 
+def inter_only_config(BT: int, DK: int, DV: int, elem_bytes: int, limit: int | None) -> triton.Config:
+    """The one configuration (BT, BV, num_warps, num_stages) of the inter-only walk with chunk tiles of ``BT`` tokens.
+
+    Passed to the plain kernel explicitly: ``triton.autotune`` with a single configuration skips its pruning hook,
+    which would leave BV unclamped and the warp rules unapplied (see ``_FIXED_BT_CONFIG``). A configuration pinned by
+    ``LIGHTNING_ATTENTION_KERNEL_CONFIG`` is taken as given (BV clamped), without those rules: it is for probing."""
+    (cfg,) = walk_autotune_configs(fixed_bt=True)
+    if os.environ.get(ENV_CONFIG, "").strip():  # pinned (debugging): as given, only BV clamped to the value dim
+        BV = min(cfg.kwargs["BV"], padded_dim(DV))
+        return triton.Config({"BT": BT, "BV": BV}, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    (cfg,) = select_configs([cfg], DK, DV, elem_bytes, limit, max_configs=1, fixed_bt=BT, inter_only=True)
+    return triton.Config({"BT": BT, **cfg.kwargs}, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
 def inter_only_fits(chunk_size: int, DK: int, DV: int, elem_bytes: int, limit: int | None) -> bool:
     """Whether the inter-only walk with chunk tiles of ``chunk_size`` tokens has a configuration within ``limit``
     bytes of shared memory (None: no limit known). Chunks of 256 tokens fit on sm_90 and sm_80, not under ~100 KB."""
@@ -271,7 +307,13 @@ def inter_only_fits(chunk_size: int, DK: int, DV: int, elem_bytes: int, limit: i
 
 
 def select_dkdv_configs(
-    configs, DK: int, DV: int, elem_bytes: int, state_bytes: int, limit: int | None, max_configs: int = MAX_TUNED,
+    configs,
+    DK: int,
+    DV: int,
+    elem_bytes: int,
+    state_bytes: int,
+    limit: int | None,
+    max_configs: int = MAX_TUNED,
     fixed_bt: int = 0,
 ) -> list[triton.Config]:
     """:func:`select_configs` for the fused dk/dv walk (the launcher only picks it when something fits:
@@ -279,7 +321,9 @@ def select_dkdv_configs(
     BK, BV = padded_dim(DK), padded_dim(DV)
 
     def shared(cfg):
-        return estimate_dkdv_shared_bytes(cfg.kwargs.get("BT", fixed_bt), BK, BV, cfg.num_stages, elem_bytes, state_bytes)
+        return estimate_dkdv_shared_bytes(
+            cfg.kwargs.get("BT", fixed_bt), BK, BV, cfg.num_stages, elem_bytes, state_bytes
+        )
 
     fits = [cfg for cfg in configs if limit is None or shared(cfg) <= limit]
     return (fits or [min(configs, key=shared)])[:max_configs]

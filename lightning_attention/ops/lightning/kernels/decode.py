@@ -31,15 +31,13 @@ can be captured in a CUDA graph.
 
 import contextlib
 import functools
-import threading
-import warnings
 
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.jit import JITFunction
 
 from lightning_attention.backend import plain_eager
+from lightning_attention.ops.lightning.kernels.launch import LaunchCache
 
 # Largest state slab a program keeps in registers: 8192 fp32 values = 32 KB (64 per thread at 4 warps, 32 at 8).
 _MAX_TILE = 8192
@@ -232,12 +230,7 @@ def _decode_step_fake(q, k, v, state, slope, scale, state_indices, out) -> None:
     return None
 
 
-# Eager launch fast path: the compiled kernel launched without JITFunction.run (see LaunchCache).
-
-
-def _hook_idle(hook) -> bool:
-    """A launch hook that does nothing: ``None`` (older Triton) or an empty ``HookChain`` (newer Triton)."""
-    return hook is None or (type(hook).__name__ == "HookChain" and not hook.calls)
+# Eager launch fast path: the compiled kernel launched without JITFunction.run (see kernels/launch.py).
 
 
 def launch_key(device: int, q, v, slope, state_indices, args: tuple) -> tuple:
@@ -274,206 +267,10 @@ def launch_key(device: int, q, v, slope, state_indices, args: tuple) -> tuple:
     )
 
 
-class _Entry:
-    """One launch signature: its configuration and, once seen and verified, the compiled kernel's launcher."""
-
-    __slots__ = ("compiled", "function", "grid", "launcher", "meta", "num_warps", "packed_metadata")
-
-    def __init__(self, grid: tuple[int], num_warps: int, meta: tuple):
-        self.grid, self.num_warps, self.meta = grid, num_warps, meta
-        self.compiled = None  # the CompiledKernel Triton's normal launch returned for this signature
-        self.launcher = self.function = self.packed_metadata = None  # set once verified
-
-
-class LaunchCache:
-    """Launches a ``@triton.jit`` kernel's compiled binary directly, once Triton's normal path has shown how.
-
-    ``JITFunction.run`` costs tens of µs of host time per launch (binding 31 arguments, building the
-    specialisation key as a string, cache and hook look-ups: most of the ~48 µs a batch-1 step took on an H100 host,
-    against 6.8 µs of GPU time). This cache keeps,
-    per :func:`launch_key`, the ``CompiledKernel`` that Triton returned and then calls its launcher itself, passing
-    exactly what ``JITFunction.run`` passes (triton 3.4 to 3.8)::
-
-        compiled.run(grid0, grid1, grid2, stream, compiled.function, compiled.packed_metadata,
-                     launch_metadata, enter_hook, exit_hook, *all_arguments_in_signature_order)
-
-    (``launch_metadata`` and the hooks are ``None``: the fast path is only taken while no launch hook is set.)
-
-    Life of a key: the first call launches through Triton (compiling or looking up the right specialisation) and
-    keeps the returned ``CompiledKernel``; the second call launches through Triton again with a recorder in place of
-    the kernel's launcher and checks that Triton picked the same compiled kernel and called its launcher with
-    precisely the arguments the fast path would pass (same grid, stream, function handle, metadata, and each
-    argument identical); only then do later calls use the launcher directly. Anything unexpected — another compiled
-    kernel (the key missed a specialisation), another calling convention, an attribute that is not there, a
-    ``TypeError``/``AttributeError`` from the launcher (raised while it parses its arguments, before it launches) —
-    disables the fast path for good (with one warning) and that call and every later one go through Triton's normal
-    launch. A new key (another alignment, dtype, stride, shape or device) always starts again with Triton's launch.
-
-    What the fast path leaves out of ``JITFunction.run``: launch hooks and ``pre_run_hooks`` (it steps aside while
-    any is set), the async-compile mode (a future is never kept), and knobs that change Triton's compile options
-    (``TRITON_DEBUG``, instrumentation): they are honoured when a key is first seen; call :meth:`reset` after
-    changing them mid-process. The stream is read on every call (Triton's own ``get_current_stream``), so steps
-    follow ``torch.cuda.stream(...)`` and CUDA-graph capture.
-
-    Host cost, measured on CPU (Python 3.11, torch 2.13, triton 3.8, 2-core Xeon VM; B = 1 and 8, H = 16,
-    K = V = 128, launcher mocked out): :func:`runtime_args` + :func:`launch_key` 2.0 µs, :meth:`device_for` 0.3 µs,
-    :meth:`launch` 0.3 µs, the whole eager wrapper (:func:`decode_step_triton`) 4.6 µs. On a GPU the compiled
-    launcher's own C call and ``cuLaunchKernel`` come on top.
-    """
-
-    cuda_only = True
-
-    def __init__(self, kernel, max_entries: int = 256):
-        self.kernel = kernel
-        self.max_entries = max_entries
-        self._lock = threading.Lock()  # one verification at a time (it swaps the kernel's launcher for a recorder)
-        self.reset()
-
-    def reset(self) -> None:
-        """Forgets every entry and re-enables the fast path (when the kernel is a compiled ``JITFunction``)."""
-        self.entries: dict[tuple, _Entry] = {}
-        self.get_device = self.get_stream = None  # Triton's driver functions, bound on first use
-        self._runtime = None
-        self._pre_run_hooks = getattr(self.kernel, "pre_run_hooks", None)
-        # Under TRITON_INTERPRET=1 the decorator returned an InterpretedFunction: nothing is compiled to reuse.
-        compiled = isinstance(self.kernel, JITFunction)
-        self.disabled: str | None = None if compiled else "the kernel is not a compiled JITFunction (interpreter)"
-
-    def disable(self, reason: str) -> None:
-        if self.disabled is None:
-            warnings.warn(
-                f"lightning_attn_decode: direct kernel launch disabled ({reason}); every step now goes through "
-                "Triton's normal launch (correct, with more host overhead per step)",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-        self.disabled = reason
-        self.entries.clear()
-
-    def _bind(self) -> bool:
-        try:
-            from triton.runtime.driver import driver
-
-            active = driver.active
-            self.get_device, self.get_stream = active.get_current_device, active.get_current_stream
-            self._runtime = triton.knobs.runtime
-        except Exception as e:  # noqa: BLE001 - any surprise means: do not take the fast path
-            self.disable(f"cannot bind Triton's driver or knobs: {type(e).__name__}: {e}")
-            return False
-        return True
-
-    def device_for(self, q: torch.Tensor, scale) -> int | None:
-        """The current CUDA device index when this call may take the fast path, else ``None``.
-
-        Not for a disabled cache, CPU tensors (unless :attr:`cuda_only` is off: CPU tests drive a fake kernel), a
-        non-float scale, a set launch or pre-run hook, or q on a device other than the current one (Triton launches
-        on the current device; the normal path switches to q's).
-        """
-        if self.disabled is not None or type(scale) is not float:
-            return None
-        index = q.get_device()  # -1 for a CPU tensor
-        if index < 0 and self.cuda_only:
-            return None
-        if self.get_device is None and not self._bind():
-            return None
-        rt = self._runtime
-        if not (_hook_idle(rt.launch_enter_hook) and _hook_idle(rt.launch_exit_hook)) or self._pre_run_hooks:
-            return None
-        return index if index == self.get_device() else None
-
-    def add(self, key: tuple, grid: tuple[int], num_warps: int, meta: tuple) -> _Entry:
-        """A new entry for ``key`` (the dict is bounded: past :attr:`max_entries` it starts over)."""
-        if len(self.entries) >= self.max_entries:
-            self.entries.clear()
-        entry = self.entries[key] = _Entry(grid, num_warps, meta)
-        return entry
-
-    def launch(self, entry: _Entry, args: tuple, device: int) -> None:
-        """Launches ``kernel[entry.grid](*args)``: directly when verified, else through Triton (and learns)."""
-        launcher = entry.launcher
-        if launcher is not None:
-            try:
-                launcher(
-                    entry.grid[0], 1, 1, self.get_stream(device), entry.function, entry.packed_metadata,
-                    None, None, None, *args,
-                )  # fmt: skip
-                return
-            except (TypeError, AttributeError) as e:
-                # The launcher rejects its arguments while parsing them, before anything is launched: the normal
-                # launch below is this step's only launch.
-                self.disable(f"the compiled kernel's launcher rejected the direct call: {type(e).__name__}: {e}")
-        if self.disabled is None and entry.compiled is not None:
-            self._verify(entry, args, device)
-            return
-        compiled = self.kernel[entry.grid](*args, num_warps=entry.num_warps)
-        if self.disabled is None:
-            self._adopt(entry, compiled)
-
-    def _adopt(self, entry: _Entry, compiled) -> None:
-        if compiled is None or hasattr(compiled, "result"):
-            return  # a compile hook skipped the launch, or an async-compile future: learn on a later call
-        missing = [a for a in ("_run", "function", "packed_metadata") if not hasattr(compiled, a)]
-        if missing:
-            self.disable(f"Triton's compiled kernel has no {', '.join(missing)}")
-        else:
-            entry.compiled = compiled
-
-    def _verify(self, entry: _Entry, args: tuple, device: int) -> None:
-        """Launches through Triton once more with a recorder around the compiled kernel's launcher."""
-        compiled = entry.compiled
-        calls = []
-        with self._lock:
-            real = getattr(compiled, "_run", None)
-
-            def recorder(*a, **kw):
-                if len(calls) < 2:
-                    calls.append((a, kw))
-                return real(*a, **kw)
-
-            try:
-                if real is None:
-                    raise AttributeError("the compiled kernel has no initialised launcher (_run)")
-                compiled._run = recorder
-            except Exception as e:  # noqa: BLE001 - cannot watch Triton's launch: never launch directly
-                self.disable(f"cannot record Triton's launch: {type(e).__name__}: {e}")
-                self.kernel[entry.grid](*args, num_warps=entry.num_warps)
-                return
-            try:
-                returned = self.kernel[entry.grid](*args, num_warps=entry.num_warps)
-            finally:
-                compiled._run = real
-        if len(calls) > 1:
-            return  # another thread launched the same kernel meanwhile: the record is ambiguous, verify next time
-        why = self._mismatch(calls, returned, entry, args, self.get_stream(device))
-        if why is not None:
-            self.disable(why)
-        else:
-            entry.function, entry.packed_metadata, entry.launcher = compiled.function, compiled.packed_metadata, real
-
-    @staticmethod
-    def _mismatch(calls: list, returned, entry: _Entry, args: tuple, stream) -> str | None:
-        """Why the recorded normal launch differs from what the fast path would do, or ``None`` if it does not."""
-        compiled = entry.compiled
-        if returned is not compiled:
-            return "Triton picked another compiled kernel for the same launch key (the key misses a specialisation)"
-        if not calls:
-            return "Triton's launch did not go through the compiled kernel's launcher attribute (_run)"
-        got, kwargs = calls[0]
-        if kwargs or len(got) != 9 + len(args):
-            return f"the launcher was called with {len(got)} positional arguments and {sorted(kwargs)} keywords"
-        head = (entry.grid[0], 1, 1, stream, compiled.function, compiled.packed_metadata)
-        for i, (a, b) in enumerate(zip(got[:6], head)):
-            if type(a) is not type(b) or a != b:
-                return f"launcher argument {i} differs: Triton passed {a!r}, the fast path would pass {b!r}"
-        if not (_hook_idle(got[7]) and _hook_idle(got[8])):
-            return "Triton passed active launch hooks"
-        for i, (a, b) in enumerate(zip(got[9:], args)):
-            if not (a is b or (type(a) is type(b) and not isinstance(a, torch.Tensor) and a == b)):
-                return f"kernel argument {i} differs: Triton passed {a!r}, the fast path would pass {b!r}"
-        return None
-
-
-_LAUNCH_CACHE = LaunchCache(_decode_step_kernel)
+# Host cost of the fast path, measured on CPU (Python 3.11, torch 2.13, triton 3.8, 2-core Xeon VM; B = 1 and 8,
+# H = 16, K = V = 128, launcher mocked out): runtime_args + launch_key 2.0 µs, device_for 0.3 µs, launch 0.3 µs, the
+# whole eager wrapper (decode_step_triton) 4.6 µs; on a GPU the launcher's own C call and cuLaunchKernel come on top
+_LAUNCH_CACHE = LaunchCache(_decode_step_kernel, name="lightning_attn_decode")
 
 
 def _launch_eager(q, k, v, state, slope, scale, state_indices, out) -> None:
@@ -490,7 +287,7 @@ def _launch_eager(q, k, v, state, slope, scale, state_indices, out) -> None:
         B, H, K = q.shape
         block_k, block_v, num_warps = launch_config(B * H, K, v.shape[-1], _num_sms(device))
         meta = constexpr_args(q, v, slope, state_indices, block_k, block_v)
-        entry = cache.add(key, _grid(q, v, block_v), num_warps, meta)
+        entry = cache.add(key, _grid(q, v, block_v), {"num_warps": num_warps}, meta)
     cache.launch(entry, args + entry.meta, device)
 
 

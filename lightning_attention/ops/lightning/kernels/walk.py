@@ -262,13 +262,9 @@ lightning_state_kernel = triton.autotune(
     **_CACHE,
 )(_walk_kernel)
 
-# BV tuned, BT given by the caller (with the chunk size CS): the inter-only mode, whose chunks are part of its output
-lightning_walk_fixed_bt_kernel = triton.autotune(
-    configs=walk_autotune_configs(fixed_bt=True),
-    key=_AUTOTUNE_KEY + ["BT"],
-    prune_configs_by={"early_config_prune": walk_prune_configs},
-    **_CACHE,
-)(_walk_kernel)
+# the inter-only mode (BT given by the caller with the chunk size CS: its chunks are part of its output): not
+# autotuned, launched with configs.inter_only_config passed explicitly
+lightning_inter_walk_kernel = _walk_kernel
 
 
 @triton.jit(do_not_specialize=["T", "NS", "SEG"])

@@ -1,0 +1,230 @@
+"""The generic direct launch (kernels/launch.py) as the chunk kernels use it, on CPU: keyword constexprs, an autotuned
+kernel whose chosen configuration becomes part of the direct call, grids that are functions of the constexprs, and
+the fall-backs. The decode step's use of the same cache is covered by tests/ops/test_decode_launch.py.
+
+No GPU here: a fake autotuner over a fake kernel behaves like triton 3.8's ``Autotuner.run`` -> ``JITFunction.run``
+on NVIDIA (specialise, pick or reuse a compiled kernel, call its launcher with every argument in signature order) and
+its launcher computes ``out = A · x`` over the first ``n`` elements, so every path gives checkable numbers. The real
+launchers run on the GPU (tests/ops/test_chunk_gpu.py).
+"""
+
+import warnings
+
+import pytest
+import torch
+import triton
+
+from lightning_attention.ops.lightning.kernels import launch as klaunch
+
+STREAM = 0xC0FFEE
+ARG_NAMES = ["x", "out", "n", "A", "BLOCK"]  # the fake kernel's signature: 3 run-time arguments, 2 constexprs
+
+
+class FakeCompiled:
+    handles = iter(range(0x1000, 0x2000))
+
+    def __init__(self):
+        self.function, self.packed_metadata = next(FakeCompiled.handles), (4, 1, 0)
+        self.calls = self.direct_calls = 0
+        self.seen_grids = []
+        self._run = self._launch
+
+    def _launch(self, g0, g1, g2, stream, function, packed, launch_metadata, enter_hook, exit_hook, *args):
+        assert (stream, function, packed) == (STREAM, self.function, self.packed_metadata)
+        x, out, n, A, BLOCK = args
+        assert g0 == triton.cdiv(n, BLOCK) and (g1, g2) == (1, 1)
+        self.calls += 1
+        self.direct_calls += enter_hook is None  # Triton passes its (empty) HookChain; the direct path passes None
+        out[:n] = A * x[:n]
+
+    @property
+    def run(self):
+        return self._run
+
+
+def _specialise(a):
+    if isinstance(a, torch.Tensor):
+        return (str(a.dtype), a.data_ptr() % 16 == 0)
+    return ("constexpr", 1) if a == 1 else ("i32", a % 16 == 0)
+
+
+class FakeJIT:
+    """``JITFunction.run`` with keyword constexprs: binds by name, specialises, compiles once per key, launches."""
+
+    arg_names = ARG_NAMES
+
+    def __init__(self):
+        self.compiled, self.normal_launches = {}, 0
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.normal_launches += 1
+            bound = dict(zip(ARG_NAMES, args)) | {k: v for k, v in kwargs.items() if k in ARG_NAMES}
+            ordered = [bound[n] for n in ARG_NAMES]
+            spec = (*map(_specialise, ordered[:3]), *ordered[3:], kwargs.get("num_warps", 4))
+            compiled = self.compiled.setdefault(spec, FakeCompiled())
+            g = grid(bound) if callable(grid) else grid
+            rt = triton.knobs.runtime
+            compiled.run(g[0], 1, 1, STREAM, compiled.function, compiled.packed_metadata, object(),
+                         rt.launch_enter_hook, rt.launch_exit_hook, *ordered)  # fmt: skip
+            return compiled
+
+        return run
+
+
+class FakeAutotuner:
+    """``Autotuner.run``: the configuration's kwargs join the caller's, ``best_config`` is set, the JIT launches."""
+
+    def __init__(self, block=64, pre_hook=None):
+        self.fn = FakeJIT()
+        self.best_config = None
+        self.block, self.pre_hook = block, pre_hook
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.best_config = triton.Config({"BLOCK": self.block}, num_warps=4, pre_hook=self.pre_hook)
+            return self.fn[grid](*args, **kwargs, **self.best_config.all_kwargs())
+
+        return run
+
+
+class CpuLaunchCache(klaunch.LaunchCache):
+    cuda_only = False
+
+    def reset(self):
+        super().reset()
+        self.disabled = None  # the fake kernel stands for a compiled one
+
+    def _bind(self):
+        self.get_device, self.get_stream, self._runtime = (lambda: -1), (lambda device: STREAM), triton.knobs.runtime
+        return True
+
+
+def _launcher(kernel):
+    launcher = klaunch.DirectLauncher(kernel, "fake")
+    launcher.cache = CpuLaunchCache(kernel, name="fake")
+    return launcher
+
+
+def _call(launcher, x, out, A=2.0):
+    n = x.numel()
+    launcher(lambda meta: (triton.cdiv(n, meta["BLOCK"]),), (x, out, n), {"A": A}, x)
+
+
+def _compiled(kernel):
+    return list(kernel.fn.compiled.values())
+
+
+def test_specialization_key_sees_what_triton_sees():
+    x = torch.zeros(64)
+    key = klaunch.specialization_key
+    assert key((x, 16, 1, 0.5)) == ((torch.float32, True), (False, True, True), (True, False, True), float)
+    assert key((x[1:],))[0] == (torch.float32, False)  # 4 bytes past a 16-byte boundary
+    assert key((2**31,)) != key((2**31 - 16,))  # int32 vs int64 range
+    assert key((x.to(torch.bfloat16),)) != key((x,))
+
+
+def test_autotuned_kernel_learns_verifies_then_launches_directly():
+    kernel = FakeAutotuner(block=32)
+    launcher = _launcher(kernel)
+    for step in range(5):
+        x, out = torch.randn(100), torch.full((100,), float("nan"))  # poisoned output
+        _call(launcher, x, out)
+        torch.testing.assert_close(out, 2.0 * x)
+    (compiled,) = _compiled(kernel)
+    assert kernel.fn.normal_launches == 2  # learn, verify; then direct
+    assert compiled.calls == 5 and compiled.direct_calls == 3
+    (entry,) = launcher.cache.entries.values()
+    assert entry.tail == (2.0, 32) and entry.config["BLOCK"] == 32  # the chosen BLOCK is in the direct call
+
+
+def test_one_entry_serves_every_length_and_new_specialisations_get_their_own():
+    kernel = FakeAutotuner()
+    launcher = _launcher(kernel)
+    for n in (48, 4096, 80, 4096 + 16):  # all divisible by 16, != 1: one key
+        for _ in range(3):
+            x, out = torch.randn(n), torch.zeros(n)
+            _call(launcher, x, out)
+            torch.testing.assert_close(out, 2.0 * x)
+    assert len(launcher.cache.entries) == 1 and kernel.fn.normal_launches == 2
+    x, out = torch.randn(33), torch.zeros(33)  # n % 16 != 0: another key, learnt again
+    for _ in range(3):
+        _call(launcher, x, out)
+    assert len(launcher.cache.entries) == 2 and kernel.fn.normal_launches == 4
+    for _ in range(3):  # another constexpr value: another key
+        _call(launcher, x, out, A=3.0)
+    torch.testing.assert_close(out, 3.0 * x)
+    assert len(launcher.cache.entries) == 3 and kernel.fn.normal_launches == 6
+
+
+def test_config_pre_hook_disables_for_good():
+    kernel = FakeAutotuner(pre_hook=lambda nargs: None)
+    launcher = _launcher(kernel)
+    with pytest.warns(RuntimeWarning, match="hooks around the launch"):
+        _call(launcher, torch.randn(16), torch.zeros(16))
+    for _ in range(3):
+        x, out = torch.randn(16), torch.zeros(16)
+        _call(launcher, x, out)
+        torch.testing.assert_close(out, 2.0 * x)
+    assert launcher.cache.disabled and sum(c.direct_calls for c in _compiled(kernel)) == 0
+
+
+def test_signature_default_not_passed_disables():
+    """A constexpr left to its default is not in the call: the direct call could not pass it, so no fast path."""
+    kernel = FakeAutotuner()
+    kernel.fn.arg_names = [*ARG_NAMES, "UNSEEN"]
+    launcher = _launcher(kernel)
+    with pytest.warns(RuntimeWarning, match="UNSEEN"):
+        _call(launcher, torch.randn(16), torch.zeros(16))
+    assert launcher.cache.disabled
+
+
+def test_hidden_specialisation_disables_for_good():
+    """If Triton picks another compiled kernel under the same key, the verification catches it before any direct
+    launch."""
+    kernel = FakeAutotuner()
+    launcher = _launcher(kernel)
+    x, out = torch.randn(16), torch.zeros(16)
+    _call(launcher, x, out)
+    kernel.fn.compiled.clear()  # the next normal launch "compiles" a new kernel for the same key
+    with pytest.warns(RuntimeWarning, match="another compiled kernel"):
+        _call(launcher, x, out)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _call(launcher, x, out)
+    torch.testing.assert_close(out, 2.0 * x)
+    assert launcher.cache.disabled and sum(c.direct_calls for c in _compiled(kernel)) == 0
+
+
+def test_plain_kernel_with_keyword_constexprs_and_fixed_grid():
+    """A plain (not autotuned) kernel launched with keyword constexprs and num_warps, as the scan is."""
+    kernel = FakeJIT()
+    launcher = _launcher(kernel)
+    for _ in range(4):
+        x, out = torch.randn(64), torch.zeros(64)
+        launcher((4,), (x, out, 64), {"A": 0.5, "BLOCK": 16, "num_warps": 4}, x)
+        torch.testing.assert_close(out, 0.5 * x)
+    (compiled,) = kernel.compiled.values()
+    assert kernel.normal_launches == 2 and compiled.direct_calls == 2
+    (entry,) = launcher.cache.entries.values()
+    assert entry.tail == (0.5, 16)  # num_warps is a launch option, not an argument
+
+
+def test_interpreter_and_cpu_tensors_take_tritons_launch():
+    """The real launchers under TRITON_INTERPRET=1 (CI): never a direct launch."""
+    from lightning_attention.ops.lightning import chunk
+
+    for launcher in (chunk._WALK, chunk._STATE, chunk._INTER_WALK, chunk._SCAN):
+        if isinstance(klaunch.jit_function(launcher.cache.kernel), klaunch.JITFunction):
+            pytest.skip("compiled Triton (no interpreter) in this process")
+        assert launcher.cache.disabled is not None
+        assert launcher.cache.device_for(torch.zeros(1)) is None
+
+
+def test_environment_turns_the_fast_path_off(monkeypatch):
+    monkeypatch.setenv(klaunch.ENV_DIRECT_LAUNCH, "0")
+    cache = klaunch.LaunchCache(FakeAutotuner())
+    assert cache.disabled == "LIGHTNING_ATTENTION_DIRECT_LAUNCH=0"
+    monkeypatch.setenv(klaunch.ENV_DIRECT_LAUNCH, "1")
+    cache.reset()
+    assert cache.disabled is not None  # a fake kernel is no compiled JITFunction: still off, for that reason
