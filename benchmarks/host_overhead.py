@@ -5,6 +5,9 @@ the time the host needs to *enqueue* one call (a loop of calls without synchroni
 after warm-up), and ``graph_ms`` = the same call captured in a CUDA graph and replayed (device time without host
 overhead). host_ms close to or above graph_ms means the GPU waits for the host at that size.
 
+``bwd_op_host_ms``: the host time of the backward op alone (``chunk._chunk_bwd_direct`` called directly, no autograd),
+to split fwd_bwd_host_ms into our code and the autograd engine around it.
+
     python benchmarks/host_overhead.py --shapes 1x32768,32x2048 --out benchmarks/results/host_overhead.json
 """
 
@@ -45,6 +48,16 @@ def _graph_ms(fn) -> float | None:
     return triton.testing.do_bench(graph.replay, warmup=10, rep=100)
 
 
+def _backward_op(problem):
+    """The backward op of ``problem.fwd_bwd`` called directly (the saved segment states included), no autograd."""
+    from lightning_attention.ops.lightning import chunk
+
+    q, k, v, do, slope = problem.q.detach(), problem.k.detach(), problem.v.detach(), problem.do, problem.slope
+    scale = 1.0  # lightning_attn's default, as in problem.fwd_bwd
+    _, _, states = chunk._chunk_fwd_direct(q, k, v, slope, None, None, None, scale, False, 0)
+    return lambda: chunk._chunk_bwd_direct(q, k, v, do, None, slope, None, None, None, scale, 0, states)
+
+
 def measure(B: int, T: int, H: int = 16, D: int = 128) -> dict:
     problem = make_problem(B, T, H, D)
     row = {"B": B, "T": T}
@@ -53,6 +66,7 @@ def measure(B: int, T: int, H: int = 16, D: int = 128) -> dict:
         row[f"{name}_gpu_ms"] = triton.testing.do_bench(fn, warmup=25, rep=200)
         row[f"{name}_host_ms"] = _enqueue_ms(fn)
         row[f"{name}_graph_ms"] = _graph_ms(fn)
+    row["bwd_op_host_ms"] = _enqueue_ms(_backward_op(problem))
     print(json.dumps(row), flush=True)
     return row
 
