@@ -56,7 +56,7 @@ for stage in ${stages//,/ }; do
                           --baselines fla,sdpa --seqlens 2048,8192,32768 --out "$res/kernels_h200" ;;
         host_profile) run host_profile 60 python3 benchmarks/host_profile.py --shape 32x2048 --calls 100 \
                           --out "$res/host_profile.txt" ;;
-        inter_debug) run inter_debug 170 python3 benchmarks/inter_debug.py ;;
+        inter_debug) run inter_debug 150 python3 benchmarks/inter_debug.py --probes ;;
         host) run host 60 python3 benchmarks/host_overhead.py --out "$res/host_overhead.json" ;;
         # the same through Triton's normal launch path (kernels/launch.py off): the direct launch's gain
         host_normal) run host_normal 60 env LIGHTNING_ATTENTION_DIRECT_LAUNCH=0 python3 benchmarks/host_overhead.py \

@@ -45,6 +45,7 @@ from lightning_attention.ops.lightning import naive
 from lightning_attention.ops.lightning.kernels.configs import (
     dkdv_state_bytes,
     inter_only_config,
+    inter_only_tile,
     padded_dim,
     shared_limit,
     use_dkdv_walk,
@@ -259,7 +260,7 @@ def _walk(
     launcher = _STATE if state_only else _WALK
     if inter_chunk and not state_only:  # the pre-pass's state does not depend on the chunking
         launcher = _INTER_WALK
-        BT = triton.next_power_of_2(inter_chunk)
+        BT = inter_only_tile(inter_chunk)
         constexprs.update(_inter_only_config(BT, DK, DV, q.element_size(), q.device.index if q.is_cuda else None))
     launcher(grid, args, constexprs, q)
 
@@ -288,7 +289,7 @@ def _dkdv(q, k, v, do, dk, dv, *, slope, dht, dh0, g_states, plan, T, H, scale, 
     dot_prec, inter_prec = _precisions(q.dtype)
     launcher, extra = _DKDV, {}
     if inter_chunk:
-        launcher, extra = _DKDV_FIXED_BT, {"BT": triton.next_power_of_2(inter_chunk)}
+        launcher, extra = _DKDV_FIXED_BT, {"BT": inter_only_tile(inter_chunk)}
     args = (
         q, k, v, do, dk, dv,
         dummy if slope is None else slope,

@@ -37,14 +37,22 @@ _SPACE = (
 # (32, 8, 1) at chunks of 256, (16, 4, 1) at 64 and 256 (benchmarks/results/h100-2026-11-22f, -g; cause not found).
 # With this single configuration, chunks of 128 (V = 129) and 256 (V = 128) ran and V = 16 at chunks of 64 faulted
 # (h100-2026-11-22h, -i): that run had BV = 32 with 8 warps at BT = 64, because an autotuner with one configuration
-# never calls its pruning hook, so the rules below did not apply then. Every faulting build seen had 8 warps on a
-# 64-token tile (two warpgroups splitting the value columns: wgmma N = 8 or 16 per group) or 4 warps on a
-# 256-token tile with 3.7-5 KB of spills; every build that ran avoided both. So inter_only_config passes, explicitly:
-# 8 warps only for tiles of >= 128 tokens (FIXED_BT_WIDE_MIN_BT), and BV = 16 with 4 warps where a padded head dim
-# is 16 (as pinned in the runs that passed).
+# never calls its pruning hook, so the rules below did not apply then. Session 3 checked values against float64
+# (benchmarks/inter_debug.py, h100-2026-11-22j, -k): every inter-only case on a 64-token tile failed, whatever the
+# warps (V = 16: wrong o and final state with 4 warps; V = 48, 128: illegal memory access with 4 warps; 8 warps:
+# illegal access), while every case on tiles of >= 128 tokens was right (V = 32, 129 at 128; V = 128 at 256). The
+# cause is not known (the same kernel without INTER_ONLY is right at 64). So the inter-only tile holds at least
+# INTER_ONLY_MIN_BT tokens (shorter chunks are masked rows of it: C <= BT is supported), and inter_only_config passes,
+# explicitly: 8 warps (4 warps on a 256-token tile faulted with KBs of spills), or BV = 16 with 4 warps where a
+# padded head dim is 16 (as pinned in the session-2 runs that ran).
+INTER_ONLY_MIN_BT = 128
 _FIXED_BT_CONFIG = (32, 8, 1)
 FIXED_BT_NARROW_WARPS = 4
-FIXED_BT_WIDE_MIN_BT = 128
+
+# the main walk on a GPU: 8 warps only when both tiles are wider than 16. The full op at V = 16 without segments
+# faulted on an H100 while autotuning (64, 16, 4, 1) against (64, 16, 8, 2) (h100-2026-11-22k, inter_debug), and every
+# 8-warp build with a 16-wide tile seen in the inter-only hunt faulted too
+NARROW_TILE_MAX_WARPS = 4
 
 # the segment pre-pass (STATE_ONLY: no q, no o; a decayed Kᵀ V reduction over the segment): bandwidth-bound on
 # (k, v), so the whole value dim in one tile (k read once) and pipelined loads
@@ -229,8 +237,8 @@ def select_configs(
         warps = cfg.num_warps
         if fixed_bt and min(BK, BVmax) <= 16:  # the narrow inter-only case (see _FIXED_BT_CONFIG)
             BV, warps = 16, min(warps, FIXED_BT_NARROW_WARPS)
-        elif fixed_bt and BT < FIXED_BT_WIDE_MIN_BT:  # one warpgroup on short chunk tiles (see _FIXED_BT_CONFIG)
-            warps = min(warps, FIXED_BT_NARROW_WARPS)
+        elif not fixed_bt and min(BK, BV) <= 16 and warps > NARROW_TILE_MAX_WARPS:
+            continue
         meta = {"BV": BV} if fixed_bt else {"BT": BT, "BV": BV}
         out.append(triton.Config(meta, num_warps=warps, num_stages=cfg.num_stages))
     out = out[:max_configs]
@@ -276,6 +284,11 @@ def walk_prune_configs(configs, named_args, **kwargs):
     )  # fmt: skip
 
 
+def inter_only_tile(chunk_size: int) -> int:
+    """Tokens per tile of the inter-only walk for chunks of ``chunk_size`` tokens (see ``_FIXED_BT_CONFIG``)."""
+    return max(INTER_ONLY_MIN_BT, triton.next_power_of_2(chunk_size))
+
+
 def inter_only_config(BT: int, DK: int, DV: int, elem_bytes: int, limit: int | None) -> triton.Config:
     """The one configuration (BT, BV, num_warps, num_stages) of the inter-only walk with chunk tiles of ``BT`` tokens.
 
@@ -295,7 +308,7 @@ def inter_only_fits(chunk_size: int, DK: int, DV: int, elem_bytes: int, limit: i
     bytes of shared memory (None: no limit known). Chunks of 256 tokens fit on sm_90 and sm_80, not under ~100 KB."""
     if limit is None:
         return True
-    BT = triton.next_power_of_2(chunk_size)
+    BT = inter_only_tile(chunk_size)
     smallest_bv = min(cfg.kwargs["BV"] for cfg in walk_autotune_configs(fixed_bt=True))
     # both orientations run: the forward and dv walks have (DK, DV) = (K, V), the dq and dk walks (V, K); the
     # pruning keeps the smallest tile, unpipelined, when nothing else fits: that one decides
