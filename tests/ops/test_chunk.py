@@ -63,6 +63,10 @@ CASES = [
     Case("varlen-cpu-short-unsegmented", T=40, K=16, V=16, cu=(0, 1, 16, 40), cu_cpu=True, seg=64),
     Case("segments-B2-T190-bf16", T=190, K=64, V=64, B=2, dtype=torch.bfloat16, seg=64),
     Case("segments-T200-nodecay-noh0", T=200, K=48, V=32, decay="none", h0=False, seg=48),
+    # no final state and no h0: both pre-passes skip each sequence's last segment in walk order (SKIP_FINAL)
+    Case("segments-B2-nofinal-noh0", T=170, K=32, V=32, B=2, final=False, h0=False, decay="mixed", seg=48),
+    Case("varlen-cpu-segments-nofinal", T=116, K=32, V=16, cu=(0, 0, 1, 16, 16, 116), cu_cpu=True, seg=32,
+         final=False, h0=False),  # fmt: skip
     Case("segments-fp16-strong", T=150, K=32, V=64, dtype=torch.float16, decay="strong", seg=32, scale=2.0),
     Case("strided-fused-projection", T=100, K=64, V=48, B=2, strided=True, decay="mixed"),
     Case("strided-segments-fp16", T=130, K=32, V=32, strided=True, dtype=torch.float16, seg=32),

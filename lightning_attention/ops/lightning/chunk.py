@@ -219,11 +219,12 @@ def _inter_only_config(BT: int, DK: int, DV: int, elem_bytes: int, device_index:
 
 def _walk(
     q, k, v, o, *, slope, h0, ht, states, plan, T, H, scale_intra, scale_inter, scale_upd, reverse, state_only,
-    inter_chunk=0,
+    inter_chunk=0, skip_final=False,
 ):  # fmt: skip
     """One launch of the chunk walk. q, k: [B, T, H, DK]; v: [B, T, H, DV]; o: [B, T, H, DV] (or None with
     ``state_only``); h0/ht: [N, H, DK, DV] views or None; states: [NSEG, H, DK, DV] view or None.
-    ``inter_chunk`` > 0: the inter-only mode with chunks of that many tokens (BT fixed, no intra-chunk term)."""
+    ``inter_chunk`` > 0: the inter-only mode with chunks of that many tokens (BT fixed, no intra-chunk term).
+    ``skip_final`` (with ``state_only``): the last segment of each sequence in walk order stores zeros unread."""
     DK, DV = q.shape[-1], v.shape[-1]
     dummy = q
     o_ = dummy if o is None else o
@@ -252,6 +253,7 @@ def _walk(
         STORE_HT=ht is not None and not plan.segmented and not state_only,
         SEG_IN=plan.segmented and not state_only,
         STATE_ONLY=state_only,
+        SKIP_FINAL=state_only and skip_final,
         INTER_ONLY=bool(inter_chunk) and not state_only,
         ACC=_acc(q.dtype),
         DOT_PREC=dot_prec,
@@ -349,11 +351,14 @@ def _scan(states, *, slope, h0, ht, plan, N, H, T, reverse):
 
 
 def _segmented_states(k, v, *, slope, h0, ht, plan, N, H, T, scale_upd, reverse):
-    """Pre-pass + scan: [NSEG, H, DK, DV] incoming states of the walk over (k, v); writes the final state to ht."""
+    """Pre-pass + scan: [NSEG, H, DK, DV] incoming states of the walk over (k, v); writes the final state to ht.
+
+    Without ``ht`` the pre-pass skips each sequence's last segment in walk order (its local state only feeds the
+    final state): at 2 segments per sequence that halves the pre-pass's reads."""
     states = torch.empty(plan.total, H, k.shape[-1], v.shape[-1], device=k.device, dtype=naive.compute_dtype(k.dtype))
     _walk(
         k, k, v, None, slope=slope, h0=None, ht=None, states=states, plan=plan, T=T, H=H,
-        scale_intra=1.0, scale_inter=1.0, scale_upd=scale_upd, reverse=reverse, state_only=True,
+        scale_intra=1.0, scale_inter=1.0, scale_upd=scale_upd, reverse=reverse, state_only=True, skip_final=ht is None,
     )  # fmt: skip
     _scan(states, slope=slope, h0=h0, ht=ht, plan=plan, N=N, H=H, T=T, reverse=reverse)
     return states

@@ -26,7 +26,9 @@ token. The kernel carries an exponent offset ``d0`` (0 until the first chunk of 
 then 1) instead of dividing anything by λ.
 
 STATE_ONLY turns the walk into the segment pre-pass: no q, no o, the segment-local state (from zeros) is written to
-the segment-state buffer. :func:`lightning_scan_kernel` turns those local states into incoming states.
+the segment-state buffer. :func:`lightning_scan_kernel` turns those local states into incoming states. With
+SKIP_FINAL (no final state wanted) the last segment of each sequence in walk order writes zeros without reading
+anything: its local state only feeds the final state, so the pre-pass reads (ns - 1)/ns of (k, v).
 
 Decay lives in log2 space: c = slope · log2(e), λ^x = exp2(-c·x), every exponent x >= 0 on the entries that are used
 (padding rows are selected away with ``tl.where``, never multiplied by a 0/1 mask).
@@ -124,6 +126,7 @@ def _walk_kernel(
     STORE_HT: tl.constexpr,
     SEG_IN: tl.constexpr,
     STATE_ONLY: tl.constexpr,
+    SKIP_FINAL: tl.constexpr,  # STATE_ONLY without a final state: the walk's last segment is not walked
     INTER_ONLY: tl.constexpr,  # o without its intra-chunk term (hybrid attention, issue 7)
     ACC: tl.constexpr,  # tl.float32 (tl.float64 for fp64 inputs under the interpreter)
     DOT_PREC: tl.constexpr,  # "ieee" for fp32/fp64 operands, else the tensor-core default
@@ -176,6 +179,11 @@ def _walk_kernel(
     # (segments start at multiples of C) in both directions
     C = tl.where(CS > 0, CS, BT)
     n_chunks = (eos - bos + C - 1) // C
+    if SKIP_FINAL:  # the walk's last segment (the first one of a reverse walk): zeros stored, nothing read
+        if REVERSE:
+            n_chunks = tl.where(first, 0, n_chunks)
+        else:
+            n_chunks = tl.where(last, 0, n_chunks)
     for i_c in range(0, n_chunks):
         if REVERSE:
             lo = bos + (n_chunks - 1 - i_c) * C
