@@ -48,6 +48,11 @@ for stage in ${stages//,/ }; do
         # the PyTorch path (a reference, 1.2 s per fwd+bwd at 32K) stays out of the recorded grids
         kernels_a) run kernels_a 330 python3 -m lightning_attention.bench kernels --grid a --ours chunk,recompute \
                        --out "$res/kernels" ;;
+        # the segmented part of grid (a) with FLA, and grid (b) ours only (FLA's grid (b) compile alone takes ~3 min)
+        kernels_a_long) run kernels_a_long 300 python3 -m lightning_attention.bench kernels --grid a --ours chunk \
+                            --baselines fla --seqlens 16384,32768,65536 --out "$res/kernels_a_long" ;;
+        kernels_b_ours) run kernels_b_ours 120 python3 -m lightning_attention.bench kernels --grid b --ours chunk \
+                            --baselines none --out "$res/kernels_b_ours" ;;
         kernels_b) run kernels_b 200 python3 -m lightning_attention.bench kernels --grid b --ours chunk,recompute \
                        --out "$res/kernels_b" ;;
         head_dims) run head_dims 270 python3 -m lightning_attention.bench kernels --grid a --head-dims 64,256 \
@@ -56,7 +61,7 @@ for stage in ${stages//,/ }; do
                           --baselines fla,sdpa --seqlens 2048,8192,32768 --out "$res/kernels_h200" ;;
         host_profile) run host_profile 60 python3 benchmarks/host_profile.py --shape 32x2048 --calls 100 \
                           --out "$res/host_profile.txt" ;;
-        inter_debug) run inter_debug 150 python3 benchmarks/inter_debug.py --probes ;;
+        inter_debug) run inter_debug 150 python3 benchmarks/inter_debug.py ;;
         host) run host 60 python3 benchmarks/host_overhead.py --out "$res/host_overhead.json" ;;
         # the same through Triton's normal launch path (kernels/launch.py off): the direct launch's gain
         host_normal) run host_normal 60 env LIGHTNING_ATTENTION_DIRECT_LAUNCH=0 python3 benchmarks/host_overhead.py \

@@ -24,6 +24,7 @@ from lightning_attention.ops.lightning.kernels.configs import (
     dkdv_state_bytes,
     estimate_dkdv_shared_bytes,
     estimate_shared_bytes,
+    inter_only_block_k,
     inter_only_config,
     padded_dim,
     select_configs,
@@ -89,13 +90,14 @@ def _precision_constexprs(dtype: str) -> dict:
 
 def build_walk(cc: int, dtype: str, DK: int, DV: int, cfg, flags: dict) -> dict:
     BT, BV = cfg.kwargs["BT"], cfg.kwargs["BV"]
+    BK = inter_only_block_k(DK) if flags.get("INTER_ONLY") else padded_dim(DK)
     constexprs = dict(
-        DK=DK, DV=DV, BT=BT, BK=padded_dim(DK), BV=BV,
+        DK=DK, DV=DV, BT=BT, BK=BK, BV=BV,
         VARLEN=0, REVERSE=False, HAS_DECAY=True, USE_H0=True, STORE_HT=True, SEG_IN=False, STATE_ONLY=False,
         SKIP_FINAL=False, INTER_ONLY=False, **_precision_constexprs(dtype),
     )  # fmt: skip
     inter_only = bool(flags.get("INTER_ONLY", False))
-    estimate = estimate_shared_bytes(BT, padded_dim(DK), BV, cfg.num_stages, ELEM_BYTES[dtype], inter_only)
+    estimate = estimate_shared_bytes(BT, BK, BV, cfg.num_stages, ELEM_BYTES[dtype], inter_only)
     fn = lightning_walk_kernel.fn  # the JITFunction under the autotuner
     return _compile("walk", fn, cc, dtype, DK, DV, BT, BV, cfg, constexprs, flags, estimate)
 

@@ -136,16 +136,21 @@ def test_inter_only_fit_rule():
 
 def test_inter_only_mode_runs_one_configuration():
     """The inter-only mode is not autotuned (autotuning it faulted on an H100, see configs._FIXED_BT_CONFIG): one
-    configuration, passed explicitly, on tiles of >= 128 tokens (every 64-token tile failed on an H100): 8 warps, or
-    BV = 16 with 4 warps where a padded head dim is 16 (either orientation: the dq and dk walks swap K and V)."""
-    from lightning_attention.ops.lightning.kernels.configs import SHARED_LIMITS, inter_only_config, inter_only_tile
+    configuration, passed explicitly, in the shape class that was right on an H100: tiles of >= 128 tokens, at least
+    32 wide in K and V (a 16-wide head dim is a masked half tile), 8 warps."""
+    from lightning_attention.ops.lightning.kernels.configs import (
+        SHARED_LIMITS,
+        inter_only_block_k,
+        inter_only_config,
+        inter_only_tile,
+    )
     from lightning_attention.ops.lightning.kernels.walk import lightning_inter_walk_kernel
 
     assert not hasattr(lightning_inter_walk_kernel, "configs")  # a plain kernel: nothing can skip a pruning hook
     cases = (  # (chunk size, DK, DV) -> (BT, BV, num_warps, num_stages)
-        ((64, 128, 16), (128, 16, 4, 1)),
-        ((64, 16, 128), (128, 16, 4, 1)),
-        ((256, 128, 16), (256, 16, 4, 1)),
+        ((64, 128, 16), (128, 32, 8, 1)),
+        ((64, 16, 128), (128, 32, 8, 1)),
+        ((256, 128, 16), (256, 32, 8, 1)),
         ((32, 128, 32), (128, 32, 8, 1)),
         ((64, 128, 128), (128, 32, 8, 1)),
         ((128, 128, 129), (128, 32, 8, 1)),
@@ -155,15 +160,16 @@ def test_inter_only_mode_runs_one_configuration():
         cfg = inter_only_config(inter_only_tile(chunk), dk, dv, 2, SHARED_LIMITS[90])
         got = (cfg.kwargs["BT"], cfg.kwargs["BV"], cfg.num_warps, cfg.num_stages)
         assert got == expected, (chunk, dk, dv)
+        assert inter_only_block_k(dk) == max(32, dk)
 
 
-def test_main_walk_keeps_8_warps_off_16_wide_tiles():
-    """An 8-warp walk with a 16-wide tile faulted on an H100 (configs.NARROW_TILE_MAX_WARPS)."""
+def test_main_walk_runs_16_wide_tiles_with_8_warps():
+    """A 4-warp walk with a 16-wide tile faulted on an H100, an 8-warp one was right (configs.NARROW_TILE_MIN_WARPS)."""
     from lightning_attention.ops.lightning.kernels.configs import SHARED_LIMITS, select_configs, walk_autotune_configs
 
     for dk, dv in ((128, 16), (16, 128), (16, 16)):
         for state_only in (False, True):
             cfgs = select_configs(walk_autotune_configs(state_only=state_only), dk, dv, 2, SHARED_LIMITS[90])
-            assert cfgs and all(c.num_warps <= 4 for c in cfgs), (dk, dv, state_only)
+            assert cfgs and all(c.num_warps == 8 for c in cfgs), (dk, dv, state_only)
     wide = select_configs(walk_autotune_configs(), 128, 128, 2, SHARED_LIMITS[90])
-    assert any(c.num_warps == 8 for c in wide)  # the rule leaves wide tiles alone
+    assert any(c.num_warps == 4 for c in wide)  # the rule leaves wide tiles alone

@@ -44,6 +44,7 @@ from lightning_attention.backend import plain_eager
 from lightning_attention.ops.lightning import naive
 from lightning_attention.ops.lightning.kernels.configs import (
     dkdv_state_bytes,
+    inter_only_block_k,
     inter_only_config,
     inter_only_tile,
     padded_dim,
@@ -264,6 +265,7 @@ def _walk(
         launcher = _INTER_WALK
         BT = inter_only_tile(inter_chunk)
         constexprs.update(_inter_only_config(BT, DK, DV, q.element_size(), q.device.index if q.is_cuda else None))
+        constexprs["BK"] = inter_only_block_k(DK)
     launcher(grid, args, constexprs, q)
 
 

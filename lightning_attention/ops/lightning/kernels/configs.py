@@ -37,22 +37,22 @@ _SPACE = (
 # (32, 8, 1) at chunks of 256, (16, 4, 1) at 64 and 256 (benchmarks/results/h100-2026-11-22f, -g; cause not found).
 # With this single configuration, chunks of 128 (V = 129) and 256 (V = 128) ran and V = 16 at chunks of 64 faulted
 # (h100-2026-11-22h, -i): that run had BV = 32 with 8 warps at BT = 64, because an autotuner with one configuration
-# never calls its pruning hook, so the rules below did not apply then. Session 3 checked values against float64
-# (benchmarks/inter_debug.py, h100-2026-11-22j, -k): every inter-only case on a 64-token tile failed, whatever the
-# warps (V = 16: wrong o and final state with 4 warps; V = 48, 128: illegal memory access with 4 warps; 8 warps:
-# illegal access), while every case on tiles of >= 128 tokens was right (V = 32, 129 at 128; V = 128 at 256). The
-# cause is not known (the same kernel without INTER_ONLY is right at 64). So the inter-only tile holds at least
-# INTER_ONLY_MIN_BT tokens (shorter chunks are masked rows of it: C <= BT is supported), and inter_only_config passes,
-# explicitly: 8 warps (4 warps on a 256-token tile faulted with KBs of spills), or BV = 16 with 4 warps where a
-# padded head dim is 16 (as pinned in the session-2 runs that ran).
+# never calls its pruning hook, so no rule applied then. Session 3 checked values against float64
+# (benchmarks/inter_debug.py, h100-2026-11-22j, -k, -l): every inter-only case on a 64-token tile failed, whatever
+# the warps (V = 16: wrong o and final state; V = 48, 128: illegal memory access), and every case on a 128- or
+# 256-token tile with 32-wide (or wider) tiles and 8 warps was right (V = 32, 48, 128, 129); V = 16 with BV = 16 and
+# 4 warps faulted at 128. The cause is not known (the same kernel without INTER_ONLY is right at 64 tokens). So the
+# inter-only walk runs exactly the shape class that was right: tiles of >= INTER_ONLY_MIN_BT tokens (shorter chunks
+# are masked rows of it: C <= BT is supported), tiles at least INTER_ONLY_MIN_TILE wide in K and V (a 16-wide head
+# dim is a masked half tile), 8 warps, one stage (inter_only_config, passed explicitly).
 INTER_ONLY_MIN_BT = 128
+INTER_ONLY_MIN_TILE = 32
 _FIXED_BT_CONFIG = (32, 8, 1)
-FIXED_BT_NARROW_WARPS = 4
 
-# the main walk on a GPU: 8 warps only when both tiles are wider than 16. The full op at V = 16 without segments
-# faulted on an H100 while autotuning (64, 16, 4, 1) against (64, 16, 8, 2) (h100-2026-11-22k, inter_debug), and every
-# 8-warp build with a 16-wide tile seen in the inter-only hunt faulted too
-NARROW_TILE_MAX_WARPS = 4
+# the main walk on a GPU: 16-wide tiles only with 8 warps. The full op at V = 16 without segments faulted on an H100
+# with (BT, BV, warps, stages) = (64, 16, 4, 1) pinned and was right with (64, 16, 8, 2) (h100-2026-11-22l,
+# inter_debug); while autotuned over both it faulted too (h100-2026-11-22k)
+NARROW_TILE_MIN_WARPS = 8
 
 # the segment pre-pass (STATE_ONLY: no q, no o; a decayed Kᵀ V reduction over the segment): bandwidth-bound on
 # (k, v), so the whole value dim in one tile (k read once) and pipelined loads
@@ -222,7 +222,7 @@ def select_configs(
 
     Never returns an empty list: if nothing fits the estimate, the smallest configuration is kept.
     """
-    BK = padded_dim(DK)
+    BK = inter_only_block_k(DK) if fixed_bt else padded_dim(DK)
     BVmax = padded_dim(DV)
     out, seen = [], set()
     for cfg in configs:
@@ -235,9 +235,9 @@ def select_configs(
         if limit is not None and estimate_shared_bytes(BT, BK, BV, cfg.num_stages, elem_bytes, inter_only) > limit:
             continue
         warps = cfg.num_warps
-        if fixed_bt and min(BK, BVmax) <= 16:  # the narrow inter-only case (see _FIXED_BT_CONFIG)
-            BV, warps = 16, min(warps, FIXED_BT_NARROW_WARPS)
-        elif not fixed_bt and min(BK, BV) <= 16 and warps > NARROW_TILE_MAX_WARPS:
+        if fixed_bt:  # the inter-only walk's tiles are at least INTER_ONLY_MIN_TILE wide (see _FIXED_BT_CONFIG)
+            BV = max(BV, INTER_ONLY_MIN_TILE)
+        elif min(BK, BV) <= 16 and warps < NARROW_TILE_MIN_WARPS:
             continue
         meta = {"BV": BV} if fixed_bt else {"BT": BT, "BV": BV}
         out.append(triton.Config(meta, num_warps=warps, num_stages=cfg.num_stages))
@@ -284,6 +284,11 @@ def walk_prune_configs(configs, named_args, **kwargs):
     )  # fmt: skip
 
 
+def inter_only_block_k(DK: int) -> int:
+    """The K tile of the inter-only walk: the padded head dim, at least INTER_ONLY_MIN_TILE (see _FIXED_BT_CONFIG)."""
+    return max(INTER_ONLY_MIN_TILE, padded_dim(DK))
+
+
 def inter_only_tile(chunk_size: int) -> int:
     """Tokens per tile of the inter-only walk for chunks of ``chunk_size`` tokens (see ``_FIXED_BT_CONFIG``)."""
     return max(INTER_ONLY_MIN_BT, triton.next_power_of_2(chunk_size))
@@ -313,7 +318,10 @@ def inter_only_fits(chunk_size: int, DK: int, DV: int, elem_bytes: int, limit: i
     # both orientations run: the forward and dv walks have (DK, DV) = (K, V), the dq and dk walks (V, K); the
     # pruning keeps the smallest tile, unpipelined, when nothing else fits: that one decides
     return all(
-        estimate_shared_bytes(BT, padded_dim(dk), min(smallest_bv, padded_dim(dv)), 1, elem_bytes, inter_only=True)
+        estimate_shared_bytes(
+            BT, inter_only_block_k(dk), max(INTER_ONLY_MIN_TILE, min(smallest_bv, padded_dim(dv))), 1, elem_bytes,
+            inter_only=True,
+        )
         <= limit
         for dk, dv in ((DK, DV), (DV, DK))
     )
