@@ -24,7 +24,6 @@ from lightning_attention.ops.lightning.kernels.configs import (
     dkdv_state_bytes,
     estimate_dkdv_shared_bytes,
     estimate_shared_bytes,
-    inter_only_block_k,
     inter_only_config,
     padded_dim,
     select_configs,
@@ -65,7 +64,7 @@ def signature(fn, dtype: str) -> dict:
 def dispatcher_configs(cc: int, dtype: str, DK: int, DV: int, flags: dict):
     """What the walk's pruning keeps on ``cc`` (the inter-only mode: its fixed-BT space with BT = flags["BT"])."""
     if flags.get("INTER_ONLY"):
-        return [inter_only_config(flags["BT"], DK, DV, ELEM_BYTES[dtype], SHARED_LIMITS[cc])]
+        return [inter_only_config(flags["BT"], DK, DV)]
     space = walk_autotune_configs(state_only=flags.get("STATE_ONLY", False))
     return select_configs(space, DK, DV, ELEM_BYTES[dtype], SHARED_LIMITS[cc])
 
@@ -90,7 +89,7 @@ def _precision_constexprs(dtype: str) -> dict:
 
 def build_walk(cc: int, dtype: str, DK: int, DV: int, cfg, flags: dict) -> dict:
     BT, BV = cfg.kwargs["BT"], cfg.kwargs["BV"]
-    BK = inter_only_block_k(DK) if flags.get("INTER_ONLY") else padded_dim(DK)
+    BK = cfg.kwargs.get("BK", padded_dim(DK))  # the inter-only configuration carries its own
     constexprs = dict(
         DK=DK, DV=DV, BT=BT, BK=BK, BV=BV,
         VARLEN=0, REVERSE=False, HAS_DECAY=True, USE_H0=True, STORE_HT=True, SEG_IN=False, STATE_ONLY=False,

@@ -138,12 +138,7 @@ def test_inter_only_mode_runs_one_configuration():
     """The inter-only mode is not autotuned (autotuning it faulted on an H100, see configs._FIXED_BT_CONFIG): one
     configuration, passed explicitly, in the shape class that was right on an H100: tiles of >= 128 tokens, at least
     32 wide in K and V (a 16-wide head dim is a masked half tile), 8 warps."""
-    from lightning_attention.ops.lightning.kernels.configs import (
-        SHARED_LIMITS,
-        inter_only_block_k,
-        inter_only_config,
-        inter_only_tile,
-    )
+    from lightning_attention.ops.lightning.kernels.configs import inter_only_block_k, inter_only_config, inter_only_tile
     from lightning_attention.ops.lightning.kernels.walk import lightning_inter_walk_kernel
 
     assert not hasattr(lightning_inter_walk_kernel, "configs")  # a plain kernel: nothing can skip a pruning hook
@@ -157,10 +152,10 @@ def test_inter_only_mode_runs_one_configuration():
         ((256, 128, 128), (256, 32, 8, 1)),
     )
     for (chunk, dk, dv), expected in cases:
-        cfg = inter_only_config(inter_only_tile(chunk), dk, dv, 2, SHARED_LIMITS[90])
+        cfg = inter_only_config(inter_only_tile(chunk), dk, dv)
         got = (cfg.kwargs["BT"], cfg.kwargs["BV"], cfg.num_warps, cfg.num_stages)
         assert got == expected, (chunk, dk, dv)
-        assert inter_only_block_k(dk) == max(32, dk)
+        assert cfg.kwargs["BK"] == inter_only_block_k(dk) == max(32, dk)
 
 
 def test_main_walk_runs_16_wide_tiles_with_8_warps():

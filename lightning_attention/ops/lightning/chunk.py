@@ -44,7 +44,6 @@ from lightning_attention.backend import plain_eager
 from lightning_attention.ops.lightning import naive
 from lightning_attention.ops.lightning.kernels.configs import (
     dkdv_state_bytes,
-    inter_only_block_k,
     inter_only_config,
     inter_only_tile,
     padded_dim,
@@ -211,10 +210,9 @@ _DKDV_FIXED_BT = DirectLauncher(lightning_dkdv_fixed_bt_kernel, "lightning_attn 
 
 
 @functools.lru_cache(maxsize=256)
-def _inter_only_config(BT: int, DK: int, DV: int, elem_bytes: int, device_index: int | None) -> dict:
-    """The inter-only walk's launch configuration as keyword arguments (BT, BV, num_warps, num_stages)."""
-    limit = shared_limit() if device_index is not None else None
-    cfg = inter_only_config(BT, DK, DV, elem_bytes, limit)
+def _inter_only_config(BT: int, DK: int, DV: int) -> dict:
+    """The inter-only walk's launch configuration as keyword arguments (BT, BK, BV, num_warps, num_stages)."""
+    cfg = inter_only_config(BT, DK, DV)
     return {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
 
 
@@ -263,9 +261,7 @@ def _walk(
     launcher = _STATE if state_only else _WALK
     if inter_chunk and not state_only:  # the pre-pass's state does not depend on the chunking
         launcher = _INTER_WALK
-        BT = inter_only_tile(inter_chunk)
-        constexprs.update(_inter_only_config(BT, DK, DV, q.element_size(), q.device.index if q.is_cuda else None))
-        constexprs["BK"] = inter_only_block_k(DK)
+        constexprs.update(_inter_only_config(inter_only_tile(inter_chunk), DK, DV))
     launcher(grid, args, constexprs, q)
 
 

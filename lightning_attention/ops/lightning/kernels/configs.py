@@ -98,32 +98,16 @@ def _parse_pinned(text: str) -> triton.Config:
     )
 
 
-def walk_autotune_configs(fixed_bt: bool = False, state_only: bool = False) -> list[triton.Config]:
+def walk_autotune_configs(state_only: bool = False) -> list[triton.Config]:
     """The autotune space (one pinned config when ``LIGHTNING_ATTENTION_KERNEL_CONFIG`` is set).
 
-    ``fixed_bt``: the caller passes BT (the inter-only mode): configs carry BV, warps and stages only.
-    ``state_only``: the space of the segment pre-pass.
+    ``state_only``: the space of the segment pre-pass. (The inter-only walk is not autotuned: :func:`inter_only_config`.)
     """
     pinned = os.environ.get(ENV_CONFIG, "").strip()
-    if fixed_bt and not pinned:
-        return [
-            triton.Config({"BV": _FIXED_BT_CONFIG[0]}, num_warps=_FIXED_BT_CONFIG[1], num_stages=_FIXED_BT_CONFIG[2])
-        ]
+    if pinned:
+        return [_parse_pinned(pinned)]
     space = _STATE_SPACE if state_only else _SPACE
-    configs = (
-        [_parse_pinned(pinned)]
-        if pinned
-        else [triton.Config({"BT": bt, "BV": bv}, num_warps=w, num_stages=s) for bt, bv, w, s in space]
-    )
-    if not fixed_bt:
-        return configs
-    out, seen = [], set()
-    for cfg in configs:
-        key = (cfg.kwargs["BV"], cfg.num_warps, cfg.num_stages)
-        if key not in seen:
-            seen.add(key)
-            out.append(triton.Config({"BV": key[0]}, num_warps=key[1], num_stages=key[2]))
-    return out
+    return [triton.Config({"BT": bt, "BV": bv}, num_warps=w, num_stages=s) for bt, bv, w, s in space]
 
 
 def dkdv_autotune_configs(fixed_bt: bool = False) -> list[triton.Config]:
@@ -208,50 +192,34 @@ def shared_limit(cc: int | None = None) -> int | None:
 
 
 def select_configs(
-    configs,
-    DK: int,
-    DV: int,
-    elem_bytes: int,
-    limit: int | None,
-    max_configs: int = MAX_TUNED,
-    fixed_bt: int = 0,
-    inter_only: bool = False,
+    configs, DK: int, DV: int, elem_bytes: int, limit: int | None, max_configs: int = MAX_TUNED
 ) -> list[triton.Config]:
-    """Clamp BV to the padded value dim, drop duplicates and what would not fit in ``limit`` bytes of shared memory,
-    and keep the first ``max_configs`` (the order of the space is the order of preference).
+    """Clamp BV to the padded value dim, drop duplicates, 16-wide tiles with fewer than 8 warps and what would not
+    fit in ``limit`` bytes of shared memory, and keep the first ``max_configs`` (the order of the space is the order
+    of preference).
 
     Never returns an empty list: if nothing fits the estimate, the smallest configuration is kept.
     """
-    BK = inter_only_block_k(DK) if fixed_bt else padded_dim(DK)
+    BK = padded_dim(DK)
     BVmax = padded_dim(DV)
     out, seen = [], set()
     for cfg in configs:
-        BT = cfg.kwargs.get("BT", fixed_bt)
-        BV = min(cfg.kwargs["BV"], BVmax)
+        BT, BV = cfg.kwargs["BT"], min(cfg.kwargs["BV"], BVmax)
         key = (BT, BV, cfg.num_warps, cfg.num_stages)
         if key in seen:
             continue
         seen.add(key)
-        if limit is not None and estimate_shared_bytes(BT, BK, BV, cfg.num_stages, elem_bytes, inter_only) > limit:
+        if limit is not None and estimate_shared_bytes(BT, BK, BV, cfg.num_stages, elem_bytes) > limit:
             continue
-        warps = cfg.num_warps
-        if fixed_bt:  # the inter-only walk's tiles are at least INTER_ONLY_MIN_TILE wide (see _FIXED_BT_CONFIG)
-            BV = max(BV, INTER_ONLY_MIN_TILE)
-        elif min(BK, BV) <= 16 and warps < NARROW_TILE_MIN_WARPS:
+        if min(BK, BV) <= 16 and cfg.num_warps < NARROW_TILE_MIN_WARPS:
             continue
-        meta = {"BV": BV} if fixed_bt else {"BT": BT, "BV": BV}
-        out.append(triton.Config(meta, num_warps=warps, num_stages=cfg.num_stages))
+        out.append(triton.Config({"BT": BT, "BV": BV}, num_warps=cfg.num_warps, num_stages=cfg.num_stages))
     out = out[:max_configs]
     if not out:
         smallest = min(
-            configs,
-            key=lambda c: estimate_shared_bytes(
-                c.kwargs.get("BT", fixed_bt), BK, c.kwargs["BV"], 1, elem_bytes, inter_only
-            ),
+            configs, key=lambda c: estimate_shared_bytes(c.kwargs["BT"], BK, c.kwargs["BV"], 1, elem_bytes)
         )
-        meta = {"BV": min(smallest.kwargs["BV"], BVmax)}
-        if not fixed_bt:
-            meta["BT"] = smallest.kwargs["BT"]
+        meta = {"BT": smallest.kwargs["BT"], "BV": min(smallest.kwargs["BV"], BVmax)}
         out.append(triton.Config(meta, num_warps=smallest.num_warps, num_stages=1))
     return out
 
@@ -278,10 +246,7 @@ def _prune_context(configs, named_args, kwargs) -> dict:
 def walk_prune_configs(configs, named_args, **kwargs):
     """``early_config_prune`` hook of the walk kernel: :func:`select_configs` for the device the call runs on."""
     c = _prune_context(configs, named_args, kwargs)
-    return select_configs(
-        configs, c["DK"], c["DV"], c["elem_bytes"], c["limit"], max_configs=c["max_configs"], fixed_bt=c["fixed_bt"],
-        inter_only=bool(c["arg"]("INTER_ONLY", False)),
-    )  # fmt: skip
+    return select_configs(configs, c["DK"], c["DV"], c["elem_bytes"], c["limit"], max_configs=c["max_configs"])
 
 
 def inter_only_block_k(DK: int) -> int:
@@ -294,36 +259,35 @@ def inter_only_tile(chunk_size: int) -> int:
     return max(INTER_ONLY_MIN_BT, triton.next_power_of_2(chunk_size))
 
 
-def inter_only_config(BT: int, DK: int, DV: int, elem_bytes: int, limit: int | None) -> triton.Config:
-    """The one configuration (BT, BV, num_warps, num_stages) of the inter-only walk with chunk tiles of ``BT`` tokens.
+def inter_only_config(BT: int, DK: int, DV: int) -> triton.Config:
+    """The one configuration (BT, BK, BV, num_warps, num_stages) of the inter-only walk on tiles of ``BT`` tokens.
 
     Passed to the plain kernel explicitly: ``triton.autotune`` with a single configuration skips its pruning hook,
-    which would leave BV unclamped and the warp rules unapplied (see ``_FIXED_BT_CONFIG``). A configuration pinned by
-    ``LIGHTNING_ATTENTION_KERNEL_CONFIG`` is taken as given (BV clamped), without those rules: it is for probing."""
-    (cfg,) = walk_autotune_configs(fixed_bt=True)
-    if os.environ.get(ENV_CONFIG, "").strip():  # pinned (debugging): as given, only BV clamped to the value dim
-        BV = min(cfg.kwargs["BV"], padded_dim(DV))
-        return triton.Config({"BT": BT, "BV": BV}, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    (cfg,) = select_configs([cfg], DK, DV, elem_bytes, limit, max_configs=1, fixed_bt=BT, inter_only=True)
-    return triton.Config({"BT": BT, **cfg.kwargs}, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    which left BV unclamped and the rules unapplied in session 2 (see ``_FIXED_BT_CONFIG``). K and V tiles are at
+    least INTER_ONLY_MIN_TILE wide. A configuration pinned by ``LIGHTNING_ATTENTION_KERNEL_CONFIG`` is taken as given
+    (BV clamped to the padded value dim), without the minimum width: it is for probing. Whether the tiles fit the
+    GPU's shared memory is the dispatcher's check (:func:`inter_only_fits`)."""
+    pinned = os.environ.get(ENV_CONFIG, "").strip()
+    if pinned:
+        cfg = _parse_pinned(pinned)
+        BV, warps, stages = min(cfg.kwargs["BV"], padded_dim(DV)), cfg.num_warps, cfg.num_stages
+    else:
+        bv, warps, stages = _FIXED_BT_CONFIG
+        BV = max(INTER_ONLY_MIN_TILE, min(bv, padded_dim(DV)))
+    return triton.Config({"BT": BT, "BK": inter_only_block_k(DK), "BV": BV}, num_warps=warps, num_stages=stages)
 
 
 def inter_only_fits(chunk_size: int, DK: int, DV: int, elem_bytes: int, limit: int | None) -> bool:
-    """Whether the inter-only walk with chunk tiles of ``chunk_size`` tokens has a configuration within ``limit``
-    bytes of shared memory (None: no limit known). Chunks of 256 tokens fit on sm_90 and sm_80, not under ~100 KB."""
+    """Whether the inter-only walk with chunks of ``chunk_size`` tokens fits ``limit`` bytes of shared memory
+    (None: no limit known). Chunks of 256 tokens fit on sm_90 and sm_80, not under ~100 KB."""
     if limit is None:
         return True
     BT = inter_only_tile(chunk_size)
-    smallest_bv = min(cfg.kwargs["BV"] for cfg in walk_autotune_configs(fixed_bt=True))
     # both orientations run: the forward and dv walks have (DK, DV) = (K, V), the dq and dk walks (V, K); the
-    # pruning keeps the smallest tile, unpipelined, when nothing else fits: that one decides
+    # configuration that launches decides, unpipelined (one stage)
     return all(
-        estimate_shared_bytes(
-            BT, inter_only_block_k(dk), max(INTER_ONLY_MIN_TILE, min(smallest_bv, padded_dim(dv))), 1, elem_bytes,
-            inter_only=True,
-        )
-        <= limit
-        for dk, dv in ((DK, DV), (DV, DK))
+        estimate_shared_bytes(BT, cfg.kwargs["BK"], cfg.kwargs["BV"], 1, elem_bytes, inter_only=True) <= limit
+        for cfg in (inter_only_config(BT, DK, DV), inter_only_config(BT, DV, DK))
     )
 
 
