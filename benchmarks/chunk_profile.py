@@ -9,16 +9,20 @@ writes the table as JSON. Use it to attribute a change measured by ``chunk_timin
 import argparse
 
 import torch
-from kernel_problem import make_problem, write_json
+import triton
+from kernel_problem import make_problem, parse_shape, write_json
 from torch.profiler import ProfilerActivity, profile
 
 
-def profile_shape(B: int, T: int, H: int = 16, D: int = 128, iters: int = 10, dtype=torch.bfloat16) -> list[dict]:
-    """[{kernel, calls_per_iter, us_per_iter}] for ``iters`` fwd+bwd calls at [B, T, H, D] (bf16, TNL slopes)."""
+def profile_shape(B: int, T: int, H: int = 16, D: int = 128, iters: int = 10, dtype=torch.bfloat16):
+    """([{kernel, calls_per_iter, us_per_iter}], do_bench ms) for ``iters`` fwd+bwd calls at [B, T, H, D] (bf16, TNL
+    slopes): the kernels' own time per call next to the call's wall time (the difference: idle GPU, e.g. waiting
+    for the host)."""
     step = make_problem(B, T, H, D, dtype).fwd_bwd
     for _ in range(3):  # compile, autotune, warm
         step()
     torch.cuda.synchronize()
+    wall_ms = triton.testing.do_bench(step, warmup=10, rep=100)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(iters):
             step()
@@ -30,22 +34,22 @@ def profile_shape(B: int, T: int, H: int = 16, D: int = 128, iters: int = 10, dt
             continue
         rows.append({"kernel": e.key[:80], "calls_per_iter": e.count / iters, "us_per_iter": cuda_us / iters})
     rows.sort(key=lambda r: -r["us_per_iter"])
-    return rows
+    return rows, wall_ms
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default="32x2048,8x8192,2x32768,1x131072", help="BxT,...")
+    parser.add_argument("--shapes", default="32x2048,8x8192,2x32768,1x131072", help="BxT or BxTxD, comma-separated")
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "shapes": {}}
     for shape in args.shapes.split(","):
-        B, T = (int(x) for x in shape.split("x"))
-        rows = profile_shape(B, T, iters=args.iters)
-        result["shapes"][shape] = rows
+        B, T, D = parse_shape(shape)
+        rows, wall_ms = profile_shape(B, T, D=D, iters=args.iters)
+        result["shapes"][shape] = {"kernels": rows, "do_bench_ms": wall_ms}
         total = sum(r["us_per_iter"] for r in rows)
-        print(f"== B={B} T={T}: {total / 1e3:.3f} ms of kernels per fwd+bwd", flush=True)
+        print(f"== B={B} T={T} D={D}: {total / 1e3:.3f} ms of kernels per fwd+bwd, do_bench {wall_ms:.3f} ms", flush=True)
         for r in rows[:12]:
             print(f"  {r['us_per_iter']:9.1f} us  x{r['calls_per_iter']:.0f}  {r['kernel']}", flush=True)
     write_json(args.out, result)

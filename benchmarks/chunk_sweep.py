@@ -5,6 +5,7 @@ For each (BT, BV, num_warps, num_stages) and bf16 inter-product mode, a child pr
 (``triton.testing.do_bench`` medians) and reports registers / spills / shared memory of the compiled walk kernels.
 
     python benchmarks/chunk_sweep.py --B 16 --T 4096 --out benchmarks/results/chunk_sweep_h100.json
+    python benchmarks/chunk_sweep.py --D 256 --inter input --configs "BT=64,BV=32,num_warps=4,num_stages=1;..."
 """
 
 import argparse
@@ -58,14 +59,16 @@ def main():
     parser.add_argument("--H", type=int, default=16)
     parser.add_argument("--D", type=int, default=128)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--configs", default=";".join(CONFIGS), help="pinned configurations, ';'-separated")
+    parser.add_argument("--inter", default="tf32,input", help="bf16 inter-product modes, comma-separated")
     parser.add_argument("--child", action="store_true")
     args = parser.parse_args()
     if args.child:
         print("RESULT " + json.dumps(child(args.B, args.T, args.H, args.D)))
         return 0
     rows = []
-    for inter in ("tf32", "input"):
-        for cfg in CONFIGS:
+    for inter in args.inter.split(","):
+        for cfg in args.configs.split(";"):
             env = dict(os.environ, LIGHTNING_ATTENTION_KERNEL_CONFIG=cfg, LIGHTNING_ATTENTION_BF16_INTER=inter)
             cmd = [sys.executable, __file__, "--child", f"--B={args.B}", f"--T={args.T}", f"--H={args.H}", f"--D={args.D}"]
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)

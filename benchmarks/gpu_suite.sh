@@ -23,6 +23,14 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$res/machine.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$res/machine.txt"
 
+# pinned configurations the head-dim sweeps try: (BT, BV, warps, stages) around a [K, BV] fp32 state of <= 64
+# registers per thread (K = 256: BV = 32 with 4 warps or BV = 64 with 8) and the configurations tuned today
+SWEEP_D256="BT=64,BV=64,num_warps=4,num_stages=1;BT=64,BV=64,num_warps=8,num_stages=1;BT=64,BV=64,num_warps=8,num_stages=2"
+SWEEP_D256+=";BT=64,BV=32,num_warps=4,num_stages=1;BT=64,BV=32,num_warps=4,num_stages=2;BT=32,BV=64,num_warps=8,num_stages=1"
+SWEEP_D256+=";BT=32,BV=32,num_warps=4,num_stages=1;BT=64,BV=128,num_warps=8,num_stages=1"
+SWEEP_D64="BT=64,BV=64,num_warps=4,num_stages=1;BT=64,BV=64,num_warps=8,num_stages=1;BT=64,BV=32,num_warps=4,num_stages=1"
+SWEEP_D64+=";BT=32,BV=64,num_warps=4,num_stages=1;BT=128,BV=64,num_warps=8,num_stages=1;BT=64,BV=64,num_warps=4,num_stages=2"
+
 run() {  # run NAME SECONDS COMMAND...
     local name=$1 secs=$2; shift 2
     local t0=$SECONDS
@@ -91,6 +99,20 @@ for stage in ${stages//,/ }; do
         tests_chunk) run tests_chunk 130 python3 -m pytest -q -m gpu -p no:cacheprovider tests/ops/test_chunk_gpu.py ;;
         tests_chunk_cuda) run tests_chunk_cuda "${TESTS_CHUNK_CUDA_S:-200}" python3 -m pytest -q -p no:cacheprovider --durations=10 \
                               tests/ops/test_chunk.py tests/ops/test_library.py ;;
+        # issue 4, small and large head dims: where a K = V = 64 segmented fwd+bwd spends its time (host split, kernels,
+        # passes) and which pinned configurations run K = V = 256 (and 64) fastest
+        diag_host) run diag_host 120 python3 benchmarks/host_overhead.py \
+                       --shapes 16x4096x64,4x16384x64,2x32768x64,4x16384,1x32768 --out "$res/host_overhead.json" ;;
+        host_profile_d64) run host_profile_d64 60 python3 benchmarks/host_profile.py --shape 4x16384x64 --calls 100 \
+                              --out "$res/host_profile_d64.txt" ;;
+        profile_d64) run profile_d64 90 python3 benchmarks/chunk_profile.py \
+                         --shapes 16x4096x64,4x16384x64,2x32768x64,4x16384 --out "$res/chunk_profile.json" ;;
+        passes_d64) run passes_d64 90 python3 benchmarks/chunk_passes.py --shapes 16x4096x64,4x16384x64,2x32768x64 \
+                        --out "$res/chunk_passes_d64.json" ;;
+        sweep_d256) run sweep_d256 200 python3 benchmarks/chunk_sweep.py --D 256 --B 16 --T 4096 --inter input \
+                        --configs "$SWEEP_D256" --out "$res/chunk_sweep_d256.json" ;;
+        sweep_d64) run sweep_d64 120 python3 benchmarks/chunk_sweep.py --D 64 --B 4 --T 16384 --inter input \
+                       --configs "$SWEEP_D64" --out "$res/chunk_sweep_d64.json" ;;
         passes) run passes 120 python3 benchmarks/chunk_passes.py --shapes 32x2048,4x16384,2x32768 \
                     --out "$res/chunk_passes.json" ;;
         # the compiled kernels, in parts under the 16 MiB per-file limit: put them in .tcache_pack/ and carry it

@@ -43,6 +43,14 @@ def make_problem(B: int, T: int, H: int = 16, D: int = 128, dtype=torch.bfloat16
     return Problem(q, k, v, do, slope, fwd, fwd_bwd)
 
 
+def parse_shape(text: str, D: int = 128) -> tuple[int, int, int]:
+    """``"BxT"`` or ``"BxTxD"`` (the scripts' ``--shapes`` items) -> (B, T, D); D defaults to ``D``."""
+    dims = [int(x) for x in text.split("x")]
+    if len(dims) not in (2, 3):
+        raise ValueError(f"a shape is BxT or BxTxD, got {text!r}")
+    return dims[0], dims[1], dims[2] if len(dims) == 3 else D
+
+
 def write_json(path: str | None, result: dict) -> None:
     """Writes ``result`` to ``path`` (indented) when a path is given."""
     if path:
