@@ -44,7 +44,10 @@ run() {  # run NAME SECONDS COMMAND...
 
 for stage in ${stages//,/ }; do
     case $stage in
-        tests) run tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/ops tests/distributed ;;
+        # the GPU suite and the CPU suite's chunk and library tests compiled on the GPU: pytest-xdist workers (in the
+        # machine's image) share the GPU and compile side by side (one process took > 130 s for 5 of 70 tests)
+        tests) run tests "${TESTS_S:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider -n 4 --durations=15 \
+                   tests/ops tests/distributed ;;
         tests_decode) run tests_decode 120 python3 -m pytest -q -p no:cacheprovider tests/ops/test_decode_gpu.py \
                           tests/ops/test_decode_launch.py ;;
         tests_short) run tests_short 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/ops/test_decode_gpu.py \
@@ -70,6 +73,7 @@ for stage in ${stages//,/ }; do
         host_profile) run host_profile 60 python3 benchmarks/host_profile.py --shape 32x2048 --calls 100 \
                           --out "$res/host_profile.txt" ;;
         inter_debug) run inter_debug 150 python3 benchmarks/inter_debug.py ;;
+        inter_debug_dims) run inter_debug_dims 300 python3 benchmarks/inter_debug.py --head-dims ;;
         host) run host 60 python3 benchmarks/host_overhead.py --out "$res/host_overhead.json" ;;
         # the same through Triton's normal launch path (kernels/launch.py off): the direct launch's gain
         host_normal) run host_normal 60 env LIGHTNING_ATTENTION_DIRECT_LAUNCH=0 python3 benchmarks/host_overhead.py \
@@ -97,8 +101,8 @@ for stage in ${stages//,/ }; do
                             --lengths 2048,32768 --long "" --out "$res/chunk_timing_twowalk.json" ;;
         profile) run profile 100 python3 benchmarks/chunk_profile.py --out "$res/chunk_profile.json" ;;
         tests_chunk) run tests_chunk 130 python3 -m pytest -q -m gpu -p no:cacheprovider tests/ops/test_chunk_gpu.py ;;
-        tests_chunk_cuda) run tests_chunk_cuda "${TESTS_CHUNK_CUDA_S:-200}" python3 -m pytest -q -p no:cacheprovider --durations=10 \
-                              tests/ops/test_chunk.py tests/ops/test_library.py ;;
+        tests_chunk_cuda) run tests_chunk_cuda "${TESTS_CHUNK_CUDA_S:-300}" python3 -m pytest -q -p no:cacheprovider -n 8 \
+                              --durations=15 tests/ops/test_chunk.py tests/ops/test_library.py ;;
         # issue 4, small and large head dims: where a K = V = 64 segmented fwd+bwd spends its time (host split, kernels,
         # passes) and which pinned configurations run K = V = 256 (and 64) fastest
         diag_host) run diag_host 120 python3 benchmarks/host_overhead.py \

@@ -65,8 +65,9 @@ def dispatcher_configs(cc: int, dtype: str, DK: int, DV: int, flags: dict):
     """What the walk's pruning keeps on ``cc`` (the inter-only mode: its fixed-BT space with BT = flags["BT"])."""
     if flags.get("INTER_ONLY"):
         return [inter_only_config(flags["BT"], DK, DV)]
-    space = walk_autotune_configs(state_only=flags.get("STATE_ONLY", False))
-    return select_configs(space, DK, DV, ELEM_BYTES[dtype], SHARED_LIMITS[cc])
+    state_only = flags.get("STATE_ONLY", False)
+    space = walk_autotune_configs(state_only=state_only)
+    return select_configs(space, DK, DV, ELEM_BYTES[dtype], SHARED_LIMITS[cc], prefer=not state_only)
 
 
 def _compile(kind: str, fn, cc: int, dtype: str, DK: int, DV: int, BT: int, BV: int, cfg, constexprs: dict,

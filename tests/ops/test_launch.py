@@ -157,6 +157,35 @@ def test_one_entry_serves_every_length_and_new_specialisations_get_their_own():
     assert len(launcher.cache.entries) == 3 and kernel.fn.normal_launches == 6
 
 
+def test_exact_keys_alias_the_entry_of_their_specialisation():
+    """Repeated shapes find their entry by the exact key (no specialisation key built); lengths that specialise the
+    same share one entry through their own aliases; the aliases stay bounded and go with a reset."""
+    kernel = FakeAutotuner()
+    launcher = _launcher(kernel)
+    calls = []
+    real_key = klaunch.specialization_key
+    klaunch.specialization_key = lambda args: calls.append(1) or real_key(args)
+    try:
+        for n in (48, 4096, 48, 4096, 48):
+            x, out = torch.randn(n), torch.full((n,), float("nan"))
+            _call(launcher, x, out)
+            torch.testing.assert_close(out, 2.0 * x)
+    finally:
+        klaunch.specialization_key = real_key
+    cache = launcher.cache
+    assert len(calls) == 2  # one per new exact key (n = 48, 4096), none for the repeats
+    assert len(cache.entries) == 1 and len(cache.aliases) == 2
+    assert len({id(e) for e in cache.aliases.values()}) == 1
+    assert launcher.num_tensors == 2  # (x, out) lead the arguments
+    assert kernel.fn.normal_launches == 2  # learn, verify; then direct whatever the length
+    cache.max_entries = 2
+    for n in range(16, 16 * 12, 16):  # more exact keys than 4 x max_entries: the aliases start over
+        _call(launcher, torch.randn(n), torch.zeros(n))
+    assert len(cache.aliases) <= 4 * cache.max_entries
+    cache.reset()
+    assert not cache.aliases and not cache.entries
+
+
 def test_config_pre_hook_disables_for_good():
     kernel = FakeAutotuner(pre_hook=lambda nargs: None)
     launcher = _launcher(kernel)

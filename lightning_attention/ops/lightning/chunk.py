@@ -37,12 +37,12 @@ import os
 from dataclasses import dataclass
 
 import torch
-import triton
 import triton.language as tl
 
 from lightning_attention.backend import plain_eager
 from lightning_attention.ops.lightning import naive
 from lightning_attention.ops.lightning.kernels.configs import (
+    cdiv,
     dkdv_state_bytes,
     inter_only_config,
     inter_only_tile,
@@ -114,7 +114,7 @@ def _segment_len(x: torch.Tensor, lengths_total: int, num_seqs: int, H: int, DV:
     slots = WALK_PROGRAMS_PER_SM * _sm_count(x.device.index if x.device.index is not None else torch.cuda.current_device())
     # a segment's fp32 state (4·K·V bytes) must stay within 25% of its q tile (seg·K·elem bytes): seg >= 16·V/elem
     min_len = max(256, 16 * DV // x.element_size())
-    return best_segment_len(triton.cdiv(lengths_total, num_seqs), num_seqs * H * triton.cdiv(DV, 64), slots, min_len)
+    return best_segment_len(cdiv(lengths_total, num_seqs), num_seqs * H * cdiv(DV, 64), slots, min_len)
 
 
 @functools.lru_cache(maxsize=4096)  # a pure function of four ints, called on every launch: its loop is host time
@@ -129,20 +129,20 @@ def best_segment_len(length: int, programs: int, slots: int, min_len: int) -> in
     """
 
     def seg_of(ns: int) -> int:
-        return triton.cdiv(triton.cdiv(length, ns), 64) * 64
+        return cdiv(cdiv(length, ns), 64) * 64
 
     def cost(ns: int) -> float:
-        return triton.cdiv(ns * programs, slots) * seg_of(ns) * (1.0 if ns == 1 else SEGMENTED_COST)
+        return cdiv(ns * programs, slots) * seg_of(ns) * (1.0 if ns == 1 else SEGMENTED_COST)
 
     best = 1
-    for ns in range(2, max(1, min(length // min_len, triton.cdiv(4 * slots, programs))) + 1):
+    for ns in range(2, max(1, min(length // min_len, cdiv(4 * slots, programs))) + 1):
         if cost(ns) < 0.95 * cost(best):  # more segments only for a clear gain (the model is coarse)
             best = ns
     return 0 if best == 1 else seg_of(best)
 
 
 def _aligned(seg: int, align: int) -> int:
-    return triton.cdiv(seg, align) * align if align else seg
+    return cdiv(seg, align) * align if align else seg
 
 
 def plan_segments(q, v, cu_seqlens, cu_seqlens_cpu, align: int = 0) -> SegmentPlan:
@@ -156,7 +156,7 @@ def plan_segments(q, v, cu_seqlens, cu_seqlens_cpu, align: int = 0) -> SegmentPl
         seg = _aligned(_segment_len(q, B * T, B, H, DV), align)
         if seg == 0 or T <= seg:
             return SegmentPlan(varlen=0, segmented=False, total=B, per_seq=1, seg_len=max(T, 1))
-        per_seq = triton.cdiv(T, seg)
+        per_seq = cdiv(T, seg)
         return SegmentPlan(varlen=0, segmented=True, total=B * per_seq, per_seq=per_seq, seg_len=seg)
     N = cu_seqlens.numel() - 1
     seg = _aligned(_segment_len(q, T, N, H, DV), align) if cu_seqlens_cpu is not None else 0
@@ -229,7 +229,7 @@ def _walk(
     o_ = dummy if o is None else o
     dot_prec, inter_prec = _precisions(q.dtype)
     total = plan.total
-    grid = lambda meta: (triton.cdiv(DV, meta["BV"]) * H * total,)  # noqa: E731
+    grid = lambda meta: (cdiv(DV, meta["BV"]) * H * total,)  # noqa: E731
     args = (
         q, k, v, o_,
         dummy if slope is None else slope,
@@ -324,7 +324,7 @@ def _scan(states, *, slope, h0, ht, plan, N, H, T, reverse):
     BK = min(64, padded_dim(DK))
     BV = min(64, padded_dim(DV))
     dummy = states
-    grid = (N * H, triton.cdiv(DK, BK), triton.cdiv(DV, BV))
+    grid = (N * H, cdiv(DK, BK), cdiv(DV, BV))
     args = (
         states,
         dummy if h0 is None else h0,
@@ -618,8 +618,11 @@ def _chunk_bwd_direct(*args):
 def _use_recompute_backward(mode: str, device: torch.device) -> bool:
     if mode != "auto":
         return mode == "recompute"
-    if device.type != "cuda":
-        return False
+    return device.type == "cuda" and _small_shared_memory(device)
+
+
+@functools.lru_cache(maxsize=None)  # a device property, asked on every backward
+def _small_shared_memory(device: torch.device) -> bool:
     props = torch.cuda.get_device_properties(device)
     return getattr(props, "shared_memory_per_block_optin", CHUNK_BACKWARD_MIN_SHARED) < CHUNK_BACKWARD_MIN_SHARED
 

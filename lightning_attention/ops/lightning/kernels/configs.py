@@ -29,7 +29,18 @@ _SPACE = (
     (64, 32, 4, 2),
     (32, 64, 4, 2),
     (32, 32, 4, 1),
+    (64, 32, 4, 1),
+    (64, 64, 8, 2),
 )
+
+# the main walk's first candidates by padded K (the rows of its [K, BV] fp32 state), ahead of the order above:
+# H100, bf16, triton 3.6, pinned sweeps (benchmarks/results/h100-2026-11-22n/chunk_sweep_d*.json). K = 64 (B = 4,
+# T = 16K): fwd+bwd 1.04 ms for (64, 64, 4, 2), 1.16 for (64, 64, 4, 1). K = 256 (B = 16, T = 4K): every
+# configuration spills the state; 9.26 ms for (64, 32, 4, 1), 10.0 for (64, 64, 8, 2), 10.35 for (64, 64, 4, 1)
+PREFERRED_BY_BK = {
+    64: ((64, 64, 4, 2), (64, 64, 4, 1)),
+    256: ((64, 32, 4, 1), (64, 64, 8, 2)),
+}
 
 # the inter-only mode (fixed BT = the hybrid's chunk size): one configuration (BV, warps, stages), no tuning. On an
 # H100 (triton 3.6) autotuning this mode over the walk's space faulted (illegal memory access) at value dims of
@@ -130,9 +141,23 @@ def dkdv_autotune_configs(fixed_bt: bool = False) -> list[triton.Config]:
     return out
 
 
+# host-side integer helpers for the launch path: triton.cdiv and triton.next_power_of_2 are ConstexprFunctions in
+# Triton >= 3.5 (~2 µs a call), and a segmented fwd+bwd called them ~25 times
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for ints."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1)."""
+    return 1 << (n - 1).bit_length() if n > 1 else 1
+
+
 def padded_dim(d: int) -> int:
     """The power-of-two tile width (>= 16, the smallest tensor-core tile) that covers a head dim of ``d``."""
-    return max(16, triton.next_power_of_2(d))
+    return max(16, next_power_of_2(d))
 
 
 def estimate_shared_bytes(BT: int, BK: int, BV: int, num_stages: int, elem_bytes: int, inter_only: bool = False) -> int:
@@ -191,17 +216,32 @@ def shared_limit(cc: int | None = None) -> int | None:
     return getattr(props, "shared_memory_per_block_optin", None) or SHARED_LIMITS.get(props.major * 10 + props.minor)
 
 
+def _preferred_first(configs, BK: int) -> list:
+    """``configs`` with those of :data:`PREFERRED_BY_BK` for this padded K moved to the front, in that order."""
+    preferred = PREFERRED_BY_BK.get(BK, ())
+    rank = {p: i for i, p in enumerate(preferred)}
+
+    def key(cfg):
+        shape = (cfg.kwargs["BT"], cfg.kwargs["BV"], cfg.num_warps, cfg.num_stages)
+        return rank.get(shape, len(preferred))
+
+    return sorted(configs, key=key)  # stable: the rest keep the space's order
+
+
 def select_configs(
-    configs, DK: int, DV: int, elem_bytes: int, limit: int | None, max_configs: int = MAX_TUNED
-) -> list[triton.Config]:
+    configs, DK: int, DV: int, elem_bytes: int, limit: int | None, max_configs: int = MAX_TUNED,
+    prefer: bool = False,
+) -> list[triton.Config]:  # fmt: skip
     """Clamp BV to the padded value dim, drop duplicates, 16-wide tiles with fewer than 8 warps and what would not
     fit in ``limit`` bytes of shared memory, and keep the first ``max_configs`` (the order of the space is the order
-    of preference).
+    of preference; ``prefer``: the main walk's :data:`PREFERRED_BY_BK` first).
 
     Never returns an empty list: if nothing fits the estimate, the smallest configuration is kept.
     """
     BK = padded_dim(DK)
     BVmax = padded_dim(DV)
+    if prefer:
+        configs = _preferred_first(configs, BK)
     out, seen = [], set()
     for cfg in configs:
         BT, BV = cfg.kwargs["BT"], min(cfg.kwargs["BV"], BVmax)
@@ -246,7 +286,10 @@ def _prune_context(configs, named_args, kwargs) -> dict:
 def walk_prune_configs(configs, named_args, **kwargs):
     """``early_config_prune`` hook of the walk kernel: :func:`select_configs` for the device the call runs on."""
     c = _prune_context(configs, named_args, kwargs)
-    return select_configs(configs, c["DK"], c["DV"], c["elem_bytes"], c["limit"], max_configs=c["max_configs"])
+    return select_configs(
+        configs, c["DK"], c["DV"], c["elem_bytes"], c["limit"], max_configs=c["max_configs"],
+        prefer=not c["arg"]("STATE_ONLY", False),
+    )  # fmt: skip
 
 
 def inter_only_block_k(DK: int) -> int:
@@ -256,7 +299,7 @@ def inter_only_block_k(DK: int) -> int:
 
 def inter_only_tile(chunk_size: int) -> int:
     """Tokens per tile of the inter-only walk for chunks of ``chunk_size`` tokens (see ``_FIXED_BT_CONFIG``)."""
-    return max(INTER_ONLY_MIN_BT, triton.next_power_of_2(chunk_size))
+    return max(INTER_ONLY_MIN_BT, next_power_of_2(chunk_size))
 
 
 def inter_only_config(BT: int, DK: int, DV: int) -> triton.Config:

@@ -117,6 +117,7 @@ class LaunchCache:
     def reset(self) -> None:
         """Forgets every entry and re-enables the fast path (when the kernel is a compiled ``JITFunction``)."""
         self.entries: dict[tuple, _Entry] = {}
+        self.aliases: dict[tuple, _Entry] = {}  # a caller's exact key -> the entry of its specialisation key
         self.get_device = self.get_stream = None  # Triton's driver functions, bound on first use
         self._runtime = None
         self._pre_run_hooks = getattr(self.jit, "pre_run_hooks", None)
@@ -136,6 +137,7 @@ class LaunchCache:
             )
         self.disabled = reason
         self.entries.clear()
+        self.aliases.clear()
 
     def _bind(self) -> bool:
         try:
@@ -174,6 +176,13 @@ class LaunchCache:
             self.entries.clear()
         entry = self.entries[key] = _Entry(grid, kwargs, meta)
         return entry
+
+    def alias(self, exact_key: tuple, entry: _Entry) -> None:
+        """Lets ``aliases[exact_key]`` find ``entry``: a key finer than the entry's own, cheaper to build (bounded
+        like the entries; an alias is only ever a shortcut to an entry of the same specialisation)."""
+        if len(self.aliases) >= 4 * self.max_entries:
+            self.aliases.clear()
+        self.aliases[exact_key] = entry
 
     def launch(self, entry: _Entry, args: tuple, device: int, grid=None) -> None:
         """Launches ``kernel[grid](*args, **entry.kwargs)``: directly when verified, else through Triton (and learns).
@@ -290,13 +299,19 @@ class DirectLauncher:
     constexprs by keyword: through a :class:`LaunchCache` keyed by the device, :func:`specialization_key` of the
     run-time arguments and the constexprs (names and values), so one entry serves every sequence length and batch.
 
+    ``args``: the tensors first (the same number at every call of a call site), then ints and floats.
     ``grid``: a tuple, or a function of the constexprs (it gets the autotuner's choice too, e.g. ``meta["BV"]``).
     ``x``: a tensor of the launch (its device must be the current one); CPU tensors, the interpreter and set launch
     hooks go through Triton's normal launch as they are.
+
+    Repeated calls of the same shapes (a training loop) find their entry by an exact key instead: each tensor's dtype
+    and address modulo 16 and the other arguments' raw values. It is finer than the specialisation key and costs
+    ~1 µs to build against ~9 µs for :func:`specialization_key` over the walk's ~40 arguments (CPU, Python 3.11).
     """
 
     def __init__(self, kernel, name: str):
         self.cache = LaunchCache(kernel, name=name)
+        self.num_tensors: int | None = None  # the leading tensors of ``args``, counted at the first fast call
 
     def __call__(self, grid, args: tuple, constexprs: dict, x: torch.Tensor) -> None:
         cache = self.cache
@@ -304,8 +319,16 @@ class DirectLauncher:
         if device is None:
             cache.kernel[grid](*args, **constexprs)
             return
-        key = (device, specialization_key(args), *constexprs.items())
-        entry = cache.entries.get(key)
+        n = self.num_tensors
+        if n is None:
+            n = self.num_tensors = next((i for i, a in enumerate(args) if not isinstance(a, torch.Tensor)), len(args))
+        constants = tuple(constexprs.items())
+        exact = (device, *[(a.dtype, a.data_ptr() & 15) for a in args[:n]], args[n:], constants)
+        entry = cache.aliases.get(exact)
         if entry is None:
-            entry = cache.add(key, None, constexprs)
+            key = (device, specialization_key(args), *constants)
+            entry = cache.entries.get(key)
+            if entry is None:
+                entry = cache.add(key, None, constexprs)
+            cache.alias(exact, entry)
         cache.launch(entry, args, device, grid)
