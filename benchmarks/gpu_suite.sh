@@ -46,7 +46,7 @@ for stage in ${stages//,/ }; do
     case $stage in
         # the GPU suite and the CPU suite's chunk and library tests compiled on the GPU: pytest-xdist workers (in the
         # machine's image) share the GPU and compile side by side (one process took > 130 s for 5 of 70 tests)
-        tests) run tests "${TESTS_S:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider -n 4 --durations=15 \
+        tests) run tests "${TESTS_S:-250}" python3 -m pytest -q -m gpu -p no:cacheprovider -n 6 --durations=15 \
                    tests/ops tests/distributed ;;
         tests_decode) run tests_decode 120 python3 -m pytest -q -p no:cacheprovider tests/ops/test_decode_gpu.py \
                           tests/ops/test_decode_launch.py ;;
@@ -101,7 +101,7 @@ for stage in ${stages//,/ }; do
                             --lengths 2048,32768 --long "" --out "$res/chunk_timing_twowalk.json" ;;
         profile) run profile 100 python3 benchmarks/chunk_profile.py --out "$res/chunk_profile.json" ;;
         tests_chunk) run tests_chunk 130 python3 -m pytest -q -m gpu -p no:cacheprovider tests/ops/test_chunk_gpu.py ;;
-        tests_chunk_cuda) run tests_chunk_cuda "${TESTS_CHUNK_CUDA_S:-300}" python3 -m pytest -q -p no:cacheprovider -n 8 \
+        tests_chunk_cuda) run tests_chunk_cuda "${TESTS_CHUNK_CUDA_S:-280}" python3 -m pytest -q -p no:cacheprovider -n 10 \
                               --durations=15 tests/ops/test_chunk.py tests/ops/test_library.py ;;
         # issue 4, small and large head dims: where a K = V = 64 segmented fwd+bwd spends its time (host split, kernels,
         # passes) and which pinned configurations run K = V = 256 (and 64) fastest

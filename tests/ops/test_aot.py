@@ -158,13 +158,52 @@ def test_inter_only_mode_runs_one_configuration():
         assert cfg.kwargs["BK"] == inter_only_block_k(dk) == max(32, dk)
 
 
-def test_main_walk_runs_16_wide_tiles_with_8_warps():
-    """A 4-warp walk with a 16-wide tile faulted on an H100, an 8-warp one was right (configs.NARROW_TILE_MIN_WARPS)."""
-    from lightning_attention.ops.lightning.kernels.configs import SHARED_LIMITS, select_configs, walk_autotune_configs
+def test_main_walk_runs_narrow_tiles_with_8_warps():
+    """Tiles <= 32 wide with 4 warps faulted or computed wrong values on an H100, 8 warps were right
+    (configs.NARROW_TILE_MAX_WIDTH): no architecture's selection, the fallback included, runs them with fewer."""
+    from lightning_attention.ops.lightning.kernels.configs import (
+        SHARED_LIMITS,
+        padded_dim,
+        select_configs,
+        walk_autotune_configs,
+    )
 
-    for dk, dv in ((128, 16), (16, 128), (16, 16)):
-        for state_only in (False, True):
-            cfgs = select_configs(walk_autotune_configs(state_only=state_only), dk, dv, 2, SHARED_LIMITS[90])
-            assert cfgs and all(c.num_warps == 8 for c in cfgs), (dk, dv, state_only)
-    wide = select_configs(walk_autotune_configs(), 128, 128, 2, SHARED_LIMITS[90])
+    for cc, limit in SHARED_LIMITS.items():
+        for dk, dv in ((128, 16), (16, 128), (16, 16), (64, 32), (32, 64), (32, 32), (256, 256), (256, 32)):
+            for state_only in (False, True):
+                space = walk_autotune_configs(state_only=state_only)
+                cfgs = select_configs(space, dk, dv, 2, limit, prefer=not state_only)
+                narrow = [c for c in cfgs if min(padded_dim(dk), c.kwargs["BV"]) <= 32]
+                assert cfgs and all(c.num_warps == 8 for c in narrow), (cc, dk, dv, state_only, cfgs)
+    wide = select_configs(walk_autotune_configs(), 128, 128, 2, SHARED_LIMITS[90], prefer=True)
     assert any(c.num_warps == 4 for c in wide)  # the rule leaves wide tiles alone
+
+
+def test_head_dim_preferences_come_first_where_they_fit():
+    """configs.PREFERRED_BY_BK leads the main walk's tuning on sm_90 (measured and checked there); the pre-pass keeps
+    its own space (the pruning hook tells them apart by STATE_ONLY), and K = 128 keeps the space's order."""
+    import torch
+
+    from lightning_attention.ops.lightning.kernels.configs import (
+        PREFERRED_BY_BK,
+        SHARED_LIMITS,
+        select_configs,
+        walk_autotune_configs,
+        walk_prune_configs,
+    )
+
+    def shapes(cfgs):
+        return [(c.kwargs["BT"], c.kwargs["BV"], c.num_warps, c.num_stages) for c in cfgs]
+
+    for bk, preferred in PREFERRED_BY_BK.items():
+        got = shapes(select_configs(walk_autotune_configs(), bk, bk, 2, SHARED_LIMITS[90], prefer=True))
+        assert got == list(preferred), (bk, got)
+    space = walk_autotune_configs()
+    assert shapes(select_configs(space, 128, 128, 2, SHARED_LIMITS[90], prefer=True)) == shapes(space[:2])
+    q = torch.empty(0, dtype=torch.bfloat16)  # a CPU tensor: no shared-memory limit, the order alone decides
+
+    def hook(state_only):
+        return shapes(walk_prune_configs(space, {"q": q}, DK=64, DV=64, STATE_ONLY=state_only))
+
+    assert hook(False) == list(PREFERRED_BY_BK[64])
+    assert hook(True) == shapes(select_configs(space, 64, 64, 2, None))  # no preference for the pre-pass

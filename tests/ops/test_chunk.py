@@ -343,7 +343,9 @@ def test_auto_backward_picks_recompute_below_128kb_of_shared_memory(monkeypatch)
         monkeypatch.setattr(
             torch.cuda, "get_device_properties", lambda device, smem=smem: SimpleNamespace(shared_memory_per_block_optin=smem)
         )
+        chunk._small_shared_memory.cache_clear()  # the property is cached per device
         assert chunk._use_recompute_backward("auto", cuda) is expected
+    chunk._small_shared_memory.cache_clear()
     assert chunk._use_recompute_backward("auto", torch.device("cpu")) is False
     assert chunk._use_recompute_backward("recompute", torch.device("cpu")) is True
     assert chunk._use_recompute_backward("chunk", cuda) is False

@@ -1,4 +1,5 @@
-"""Real sizes on a GPU (``pytest -m gpu``; skipped without CUDA): T up to 65,536, K = V = 128, B·H up to 64.
+"""Real sizes on a GPU (``pytest -m gpu``; skipped without CUDA): T up to 65,536, K = V = 128, B·H up to 64, and
+head dims from 32 to 256.
 
 Reference: ``naive.chunk_lightning_attn`` in float64 on the GPU (the quadratic form is O(T²) memory), from the same
 rounded inputs, forward and every gradient. Outputs are NaN-poisoned by tests/conftest.py. Long sequences at small
@@ -123,3 +124,16 @@ def test_inter_only_mode_on_gpu(V, C):
     o_r, ht_r = inter_lightning_attn_torch(*x64[:3], slope, chunk_size=C, initial_state=x64[3])
     ref = (o_r, ht_r, *torch.autograd.grad((o_r * do.double()).sum() + (ht_r * dht.double()).sum(), x64))
     _compare(got, ref, torch.bfloat16)
+
+
+@pytest.mark.parametrize("segment_len", [0, 256])
+@pytest.mark.parametrize("K, V", [(64, 64), (64, 32), (32, 64), (32, 32), (128, 32), (256, 256), (256, 64)])
+def test_head_dims_against_float64(K, V, segment_len, monkeypatch):
+    """Small, narrow and large head dims, whole sequences and segments of 256 tokens, autotuned as in use. On an H100
+    (triton 3.6) a 32-wide tile with 4 warps computed wrong values at K = V = 64 and faulted at (K, V) = (64, 32),
+    (32, 64) and K = V = 256 (kernels/configs.py, NARROW_TILE_MAX_WIDTH; benchmarks/inter_debug.py --head-dims)."""
+    monkeypatch.setenv("LIGHTNING_ATTENTION_SEGMENT_LEN", str(segment_len))
+    B, T, H = 1, 1024, 16
+    slope = la.tnl_slopes(H, 0, 2).to("cuda", torch.float32)
+    inputs = _inputs(B, T, H, K, V, torch.bfloat16)
+    _compare(_fwd_bwd(*inputs, slope), _reference(*inputs, slope), torch.bfloat16)

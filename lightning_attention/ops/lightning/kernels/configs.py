@@ -29,17 +29,20 @@ _SPACE = (
     (64, 32, 4, 2),
     (32, 64, 4, 2),
     (32, 32, 4, 1),
-    (64, 32, 4, 1),
     (64, 64, 8, 2),
+    (64, 64, 8, 1),
+    (64, 32, 8, 2),  # K = 256 on <= 166 KB of shared memory (sm_80)
+    (32, 32, 8, 1),  # K = 256 on <= 101 KB (sm_86/89/120)
 )
 
 # the main walk's first candidates by padded K (the rows of its [K, BV] fp32 state), ahead of the order above:
-# H100, bf16, triton 3.6, pinned sweeps (benchmarks/results/h100-2026-11-22n/chunk_sweep_d*.json). K = 64 (B = 4,
-# T = 16K): fwd+bwd 1.04 ms for (64, 64, 4, 2), 1.16 for (64, 64, 4, 1). K = 256 (B = 16, T = 4K): every
-# configuration spills the state; 9.26 ms for (64, 32, 4, 1), 10.0 for (64, 64, 8, 2), 10.35 for (64, 64, 4, 1)
+# H100, bf16, triton 3.6, pinned sweeps (benchmarks/results/h100-2026-11-22n/chunk_sweep_d*.json), each checked
+# against float64 (h100-2026-11-22o/inter_debug_dims.log). K = 64 (B = 4, T = 16K): fwd+bwd 1.04 ms for
+# (64, 64, 4, 2), 1.16 for (64, 64, 4, 1). K = 256 (B = 16, T = 4K): every configuration spills the state; 10.0 ms
+# for (64, 64, 8, 2), 10.35 for (64, 64, 4, 1) (9.26 for (64, 32, 4, 1), which is wrong: NARROW_TILE_MAX_WIDTH)
 PREFERRED_BY_BK = {
     64: ((64, 64, 4, 2), (64, 64, 4, 1)),
-    256: ((64, 32, 4, 1), (64, 64, 8, 2)),
+    256: ((64, 64, 8, 2), (64, 64, 4, 1)),
 }
 
 # the inter-only mode (fixed BT = the hybrid's chunk size): one configuration (BV, warps, stages), no tuning. On an
@@ -60,9 +63,13 @@ INTER_ONLY_MIN_BT = 128
 INTER_ONLY_MIN_TILE = 32
 _FIXED_BT_CONFIG = (32, 8, 1)
 
-# the main walk on a GPU: 16-wide tiles only with 8 warps. The full op at V = 16 without segments faulted on an H100
-# with (BT, BV, warps, stages) = (64, 16, 4, 1) pinned and was right with (64, 16, 8, 2) (h100-2026-11-22l,
-# inter_debug); while autotuned over both it faulted too (h100-2026-11-22k)
+# the main walk and the pre-pass on a GPU: tiles at most NARROW_TILE_MAX_WIDTH wide (in K or V) only with 8 warps.
+# H100, triton 3.6, every output and gradient against float64 (benchmarks/inter_debug.py): the full op at V = 16
+# without segments faulted with (BT, BV, warps, stages) = (64, 16, 4, 1) and was right with (64, 16, 8, 2)
+# (h100-2026-11-22l); at K = V = 64, (64, 32, 4, 1) computed wrong values (o: rel. error 0.68, dq: 6.7) without a
+# fault and (64, 32, 8, 1) was right; (64, 32, 4, 1) faulted at K = V = 256, and so did the autotuned defaults at
+# (K, V) = (64, 32) and (32, 64), whose tuning ran a 32-wide tile with 4 warps (h100-2026-11-22o)
+NARROW_TILE_MAX_WIDTH = 32
 NARROW_TILE_MIN_WARPS = 8
 
 # the segment pre-pass (STATE_ONLY: no q, no o; a decayed Kᵀ V reduction over the segment): bandwidth-bound on
@@ -232,7 +239,7 @@ def select_configs(
     configs, DK: int, DV: int, elem_bytes: int, limit: int | None, max_configs: int = MAX_TUNED,
     prefer: bool = False,
 ) -> list[triton.Config]:  # fmt: skip
-    """Clamp BV to the padded value dim, drop duplicates, 16-wide tiles with fewer than 8 warps and what would not
+    """Clamp BV to the padded value dim, drop duplicates, tiles <= 32 wide with fewer than 8 warps and what would not
     fit in ``limit`` bytes of shared memory, and keep the first ``max_configs`` (the order of the space is the order
     of preference; ``prefer``: the main walk's :data:`PREFERRED_BY_BK` first).
 
@@ -251,7 +258,7 @@ def select_configs(
         seen.add(key)
         if limit is not None and estimate_shared_bytes(BT, BK, BV, cfg.num_stages, elem_bytes) > limit:
             continue
-        if min(BK, BV) <= 16 and cfg.num_warps < NARROW_TILE_MIN_WARPS:
+        if min(BK, BV) <= NARROW_TILE_MAX_WIDTH and cfg.num_warps < NARROW_TILE_MIN_WARPS:
             continue
         out.append(triton.Config({"BT": BT, "BV": BV}, num_warps=cfg.num_warps, num_stages=cfg.num_stages))
     out = out[:max_configs]
@@ -260,7 +267,10 @@ def select_configs(
             configs, key=lambda c: estimate_shared_bytes(c.kwargs["BT"], BK, c.kwargs["BV"], 1, elem_bytes)
         )
         meta = {"BT": smallest.kwargs["BT"], "BV": min(smallest.kwargs["BV"], BVmax)}
-        out.append(triton.Config(meta, num_warps=smallest.num_warps, num_stages=1))
+        warps = smallest.num_warps
+        if min(BK, meta["BV"]) <= NARROW_TILE_MAX_WIDTH:
+            warps = max(warps, NARROW_TILE_MIN_WARPS)
+        out.append(triton.Config(meta, num_warps=warps, num_stages=1))
     return out
 
 
