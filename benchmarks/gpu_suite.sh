@@ -113,6 +113,16 @@ for stage in ${stages//,/ }; do
                          --shapes 16x4096x64,4x16384x64,2x32768x64,4x16384 --out "$res/chunk_profile.json" ;;
         passes_d64) run passes_d64 90 python3 benchmarks/chunk_passes.py --shapes 16x4096x64,4x16384x64,2x32768x64 \
                         --out "$res/chunk_passes_d64.json" ;;
+        # grid (a) at 16K (B = 4): whole sequences vs 2 (the default) and 4 segments, and the pre-pass's two tuned
+        # configurations pinned (BV = 128 with 8 warps, BV = 64 with 4; the pin applies to the walks too)
+        seg_probe) for seg in 0 4096; do
+                       run "seg_probe_$seg" 60 env LIGHTNING_ATTENTION_SEGMENT_LEN=$seg python3 benchmarks/host_overhead.py \
+                           --shapes 4x16384 --out "$res/seg_probe_$seg.json"
+                   done ;;
+        passes_prepass) for pin in "BT=64,BV=128,num_warps=8,num_stages=3" "BT=64,BV=64,num_warps=4,num_stages=3"; do
+                            run "passes_${pin//[=,]/_}" 60 env LIGHTNING_ATTENTION_KERNEL_CONFIG="$pin" \
+                                python3 benchmarks/chunk_passes.py --shapes 4x16384 --out "$res/passes_${pin//[=,]/_}.json"
+                        done ;;
         sweep_d256) run sweep_d256 200 python3 benchmarks/chunk_sweep.py --D 256 --B 16 --T 4096 --inter input \
                         --configs "$SWEEP_D256" --out "$res/chunk_sweep_d256.json" ;;
         sweep_d64) run sweep_d64 120 python3 benchmarks/chunk_sweep.py --D 64 --B 4 --T 16384 --inter input \

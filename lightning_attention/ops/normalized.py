@@ -19,8 +19,9 @@ denominator come out of one call of the same kernels, forward and backward, no s
 The kernels take V ≤ 256 (:data:`MAX_KERNEL_V`), so V = 256 cannot carry the extra column. Then
 (:func:`fused_normaliser` is False) the values go through one call with v as is and the normaliser through a second, narrow call whose values
 are :data:`NARROW_V` = 16 columns of ones (the kernels' smallest V; all 16 columns are equal, column 0 is used). We
-chose this over splitting the values into two calls of 128 and 129 columns because (1) the narrow call adds only a
-16-wide value tile, while a 129-wide call crosses a tile boundary and pays a second full-width tile; (2) v goes to
+chose this over splitting the values into two calls of 128 and 129 columns because (1) the narrow call adds only one
+narrow value tile (64 wide: kernels.configs.WALK_MIN_TILE), while a 129-wide call crosses a tile boundary and pays a
+second full-width tile; (2) v goes to
 the kernel without the concatenation copy; (3) both options recompute φ(q)φ(k)ᵀ twice, so that cost is equal.
 
 float16 inputs: num and den are not normalised, and in float16 they overflow (den ~ K'·T without decay) or, decayed,
@@ -65,8 +66,8 @@ def fused_normaliser(v_dim: int) -> bool:
 
 
 def _tile(d: int) -> int:
-    """The kernels' value tile for a head dim of ``d`` (kernels.configs.padded_dim, without importing Triton)."""
-    return max(16, 1 << (d - 1).bit_length())
+    """The walk's value tile for a head dim of ``d`` (kernels.configs.walk_tile, without importing Triton)."""
+    return max(64, 1 << (d - 1).bit_length())
 
 
 def check_state_pair(name: str, state, shape_s: tuple, q: torch.Tensor) -> NormalisedState:

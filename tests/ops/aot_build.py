@@ -30,6 +30,7 @@ from lightning_attention.ops.lightning.kernels.configs import (
     select_dkdv_configs,
     use_dkdv_walk,
     walk_autotune_configs,
+    walk_tile,
 )
 from lightning_attention.ops.lightning.kernels.dkdv_walk import lightning_dkdv_kernel
 from lightning_attention.ops.lightning.kernels.walk import lightning_scan_kernel, lightning_walk_kernel
@@ -90,7 +91,7 @@ def _precision_constexprs(dtype: str) -> dict:
 
 def build_walk(cc: int, dtype: str, DK: int, DV: int, cfg, flags: dict) -> dict:
     BT, BV = cfg.kwargs["BT"], cfg.kwargs["BV"]
-    BK = cfg.kwargs.get("BK", padded_dim(DK))  # the inter-only configuration carries its own
+    BK = cfg.kwargs.get("BK", walk_tile(DK))  # the inter-only configuration carries its own
     constexprs = dict(
         DK=DK, DV=DV, BT=BT, BK=BK, BV=BV,
         VARLEN=0, REVERSE=False, HAS_DECAY=True, USE_H0=True, STORE_HT=True, SEG_IN=False, STATE_ONLY=False,

@@ -158,25 +158,30 @@ def test_inter_only_mode_runs_one_configuration():
         assert cfg.kwargs["BK"] == inter_only_block_k(dk) == max(32, dk)
 
 
-def test_main_walk_runs_narrow_tiles_with_8_warps():
-    """Tiles <= 32 wide with 4 warps faulted or computed wrong values on an H100, 8 warps were right
-    (configs.NARROW_TILE_MAX_WIDTH): no architecture's selection, the fallback included, runs them with fewer."""
+def test_walk_tiles_are_at_least_64_wide_where_they_fit():
+    """Tiles narrower than 64 faulted or computed wrong values on an H100 (configs.WALK_MIN_TILE): on sm_90 no
+    selection has one, for any head dims; elsewhere one appears only where nothing wider fits, and with 8 warps."""
     from lightning_attention.ops.lightning.kernels.configs import (
         SHARED_LIMITS,
-        padded_dim,
+        WALK_MIN_TILE,
         select_configs,
         walk_autotune_configs,
+        walk_tile,
     )
 
+    dims = ((128, 16), (16, 128), (16, 16), (64, 32), (32, 64), (32, 32), (128, 32), (48, 40), (256, 256), (256, 32))
     for cc, limit in SHARED_LIMITS.items():
-        for dk, dv in ((128, 16), (16, 128), (16, 16), (64, 32), (32, 64), (32, 32), (256, 256), (256, 32)):
+        for dk, dv in dims:
+            assert walk_tile(dk) >= WALK_MIN_TILE
             for state_only in (False, True):
                 space = walk_autotune_configs(state_only=state_only)
                 cfgs = select_configs(space, dk, dv, 2, limit, prefer=not state_only)
-                narrow = [c for c in cfgs if min(padded_dim(dk), c.kwargs["BV"]) <= 32]
+                narrow = [c for c in cfgs if c.kwargs["BV"] < WALK_MIN_TILE]
                 assert cfgs and all(c.num_warps == 8 for c in narrow), (cc, dk, dv, state_only, cfgs)
+                if cc == 90:
+                    assert not narrow, (dk, dv, state_only, cfgs)
     wide = select_configs(walk_autotune_configs(), 128, 128, 2, SHARED_LIMITS[90], prefer=True)
-    assert any(c.num_warps == 4 for c in wide)  # the rule leaves wide tiles alone
+    assert any(c.num_warps == 4 for c in wide)  # the mainstream configurations keep their 4 warps
 
 
 def test_head_dim_preferences_come_first_where_they_fit():

@@ -49,6 +49,7 @@ from lightning_attention.ops.lightning.kernels.configs import (
     padded_dim,
     shared_limit,
     use_dkdv_walk,
+    walk_tile,
 )
 from lightning_attention.ops.lightning.kernels.dkdv_walk import lightning_dkdv_fixed_bt_kernel, lightning_dkdv_kernel
 from lightning_attention.ops.lightning.kernels.launch import DirectLauncher
@@ -111,6 +112,9 @@ def _segment_len(x: torch.Tensor, lengths_total: int, num_seqs: int, H: int, DV:
         return n
     if not x.is_cuda or num_seqs == 0:
         return 0
+    # symbolic sizes (a fake call of the forward op under torch.compile with save_states): the plan is a search over
+    # ints, so they specialise here (LightningAttnFunction does not ask for states while compiling)
+    lengths_total, num_seqs, H, DV = int(lengths_total), int(num_seqs), int(H), int(DV)
     slots = WALK_PROGRAMS_PER_SM * _sm_count(x.device.index if x.device.index is not None else torch.cuda.current_device())
     # a segment's fp32 state (4·K·V bytes) must stay within 25% of its q tile (seg·K·elem bytes): seg >= 16·V/elem
     min_len = max(256, 16 * DV // x.element_size())
@@ -244,7 +248,7 @@ def _walk(
         T, H, plan.per_seq, plan.seg_len, inter_chunk if not state_only else 0,
     )  # fmt: skip
     constexprs = dict(
-        DK=DK, DV=DV, BK=padded_dim(DK),
+        DK=DK, DV=DV, BK=walk_tile(DK),
         VARLEN=plan.varlen,
         REVERSE=reverse,
         HAS_DECAY=slope is not None,
@@ -488,21 +492,24 @@ def chunk_fwd_op(
     scale: float,
     output_final_state: bool,
     inter_chunk: int = 0,
+    save_states: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Forward op: (o [B, T, H, V], final_state [N, H, K, V] or an empty [0] tensor if not requested, segment
     states [NSEG, H, K, V] for the backward or an empty [0] tensor).
 
-    Segment states are returned for fixed-length batches only (their count is a function of the shapes and the
-    GPU, which the fake implementation can compute; a varlen plan depends on the offsets' values).
-    ``inter_chunk`` > 0: the inter-only mode (o without its intra-chunk term, chunks of that many tokens)."""
+    Segment states are returned for fixed-length batches only, and only with ``save_states`` (their count is a
+    function of the shapes and the GPU, which the fake implementation computes, specialising symbolic sizes; a
+    varlen plan depends on the offsets' values). ``inter_chunk`` > 0: the inter-only mode (o without its
+    intra-chunk term, chunks of that many tokens)."""
     return _chunk_fwd_direct(
-        q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk
+        q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk, save_states
     )
 
 
 def _chunk_forward_op_body(
-    q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk
-):
+    q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk,
+    save_states=True,
+):  # fmt: skip
     o, ht, states = chunk_forward(
         last_dim_contiguous(q),
         last_dim_contiguous(k),
@@ -517,19 +524,22 @@ def _chunk_forward_op_body(
     )
     if ht is None:
         ht = q.new_zeros(0, dtype=naive.compute_dtype(q.dtype))
-    if states is None or cu_seqlens is not None:
+    if states is None or cu_seqlens is not None or not save_states:
         states = q.new_zeros(0, dtype=naive.compute_dtype(q.dtype))
     return o, ht, states
 
 
 @chunk_fwd_op.register_fake
-def _(q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk=0):
+def _(
+    q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk=0,
+    save_states=True,
+):  # fmt: skip
     B, T, H, K = q.shape
     V = v.shape[-1]
     o = q.new_empty(B, T, H, V)
     shape = (_num_seqs(q, cu_seqlens), H, K, V) if output_final_state else (0,)
     seg_shape = (0,)
-    if cu_seqlens is None and T > 0:
+    if save_states and cu_seqlens is None and T > 0:
         plan = plan_segments(q, v, None, None, align=inter_chunk)
         seg_shape = (plan.total, H, K, V) if plan.segmented else (0,)
     return o, q.new_empty(shape, dtype=naive.compute_dtype(q.dtype)), q.new_empty(seg_shape, dtype=naive.compute_dtype(q.dtype))
@@ -648,10 +658,13 @@ class LightningAttnFunction(torch.autograd.Function):
         ctx, q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, backward, inter_chunk
     ):
         fwd = _chunk_fwd_direct if plain_eager() else torch.ops.lightning_attention.chunk_fwd
+        # the segment states (<= 25% of one input, empty unless segmented) spare the dq walk its pre-pass; not under
+        # torch.compile, where the fake would have to plan segments from symbolic sizes (one graph per length)
+        save_states = not torch.compiler.is_compiling()
         o, ht, seg_states = fwd(
-            q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk
-        )
-        # the segment states (<= 25% of one input, empty unless segmented) spare the dq walk its pre-pass
+            q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk,
+            save_states,
+        )  # fmt: skip
         ctx.save_for_backward(q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, seg_states)
         ctx.scale = scale
         ctx.output_final_state = output_final_state

@@ -63,13 +63,16 @@ INTER_ONLY_MIN_BT = 128
 INTER_ONLY_MIN_TILE = 32
 _FIXED_BT_CONFIG = (32, 8, 1)
 
-# the main walk and the pre-pass on a GPU: tiles at most NARROW_TILE_MAX_WIDTH wide (in K or V) only with 8 warps.
-# H100, triton 3.6, every output and gradient against float64 (benchmarks/inter_debug.py): the full op at V = 16
-# without segments faulted with (BT, BV, warps, stages) = (64, 16, 4, 1) and was right with (64, 16, 8, 2)
-# (h100-2026-11-22l); at K = V = 64, (64, 32, 4, 1) computed wrong values (o: rel. error 0.68, dq: 6.7) without a
-# fault and (64, 32, 8, 1) was right; (64, 32, 4, 1) faulted at K = V = 256, and so did the autotuned defaults at
-# (K, V) = (64, 32) and (32, 64), whose tuning ran a 32-wide tile with 4 warps (h100-2026-11-22o)
-NARROW_TILE_MAX_WIDTH = 32
+# the main walk and the pre-pass run tiles at least WALK_MIN_TILE wide in K and in V (a narrower head dim is the
+# masked part of one tile). H100, triton 3.6, every output and gradient against float64 (benchmarks/inter_debug.py,
+# tests/ops/test_chunk_gpu.py): narrower tiles failed in most shapes tried. The full op at V = 16 without segments
+# faulted with (BT, BV, warps, stages) = (64, 16, 4, 1) (h100-2026-11-22l). At K = V = 64, (64, 32, 4, 1) computed
+# wrong values (o: rel. error 0.68, dq: 6.7) without a fault; (64, 32, 4, 1) faulted at K = V = 256, and the tuned
+# defaults faulted at (K, V) = (64, 32) and (32, 64) (h100-2026-11-22o); with 8 warps, 32-wide tiles were right at
+# K = 64 but faulted at (K, V) = (128, 32) (h100-2026-11-22p). 64- and 128-wide tiles were right at every K.
+WALK_MIN_TILE = 64
+# where nothing WALK_MIN_TILE wide fits the shared memory (K = 256 on sm_80/86/89/120, never tuned or run on them):
+# narrower tiles, only with 8 warps (the combination that was right in more cases)
 NARROW_TILE_MIN_WARPS = 8
 
 # the segment pre-pass (STATE_ONLY: no q, no o; a decayed Kᵀ V reduction over the segment): bandwidth-bound on
@@ -167,6 +170,11 @@ def padded_dim(d: int) -> int:
     return max(16, next_power_of_2(d))
 
 
+def walk_tile(d: int) -> int:
+    """The walk's tile width for a head dim of ``d``: the power of two that covers it, at least WALK_MIN_TILE."""
+    return max(WALK_MIN_TILE, next_power_of_2(d))
+
+
 def estimate_shared_bytes(BT: int, BK: int, BV: int, num_stages: int, elem_bytes: int, inter_only: bool = False) -> int:
     """An upper estimate of the shared memory of one walk program, fitted to the compiler's numbers on sm_90 (the
     arch that stages the most operands in shared memory; sm_80/120 builds of the same config use as much or less).
@@ -239,17 +247,18 @@ def select_configs(
     configs, DK: int, DV: int, elem_bytes: int, limit: int | None, max_configs: int = MAX_TUNED,
     prefer: bool = False,
 ) -> list[triton.Config]:  # fmt: skip
-    """Clamp BV to the padded value dim, drop duplicates, tiles <= 32 wide with fewer than 8 warps and what would not
-    fit in ``limit`` bytes of shared memory, and keep the first ``max_configs`` (the order of the space is the order
-    of preference; ``prefer``: the main walk's :data:`PREFERRED_BY_BK` first).
+    """Clamp BV to the walk's value tile, drop duplicates and what would not fit in ``limit`` bytes of shared memory,
+    and keep the first ``max_configs`` (the order of the space is the order of preference; ``prefer``: the main
+    walk's :data:`PREFERRED_BY_BK` first). Tiles narrower than WALK_MIN_TILE only where nothing wider fits, and then
+    only with 8 warps.
 
     Never returns an empty list: if nothing fits the estimate, the smallest configuration is kept.
     """
-    BK = padded_dim(DK)
-    BVmax = padded_dim(DV)
+    BK = walk_tile(DK)
+    BVmax = walk_tile(DV)
     if prefer:
         configs = _preferred_first(configs, BK)
-    out, seen = [], set()
+    wide, narrow, seen = [], [], set()
     for cfg in configs:
         BT, BV = cfg.kwargs["BT"], min(cfg.kwargs["BV"], BVmax)
         key = (BT, BV, cfg.num_warps, cfg.num_stages)
@@ -258,18 +267,18 @@ def select_configs(
         seen.add(key)
         if limit is not None and estimate_shared_bytes(BT, BK, BV, cfg.num_stages, elem_bytes) > limit:
             continue
-        if min(BK, BV) <= NARROW_TILE_MAX_WIDTH and cfg.num_warps < NARROW_TILE_MIN_WARPS:
-            continue
-        out.append(triton.Config({"BT": BT, "BV": BV}, num_warps=cfg.num_warps, num_stages=cfg.num_stages))
-    out = out[:max_configs]
+        config = triton.Config({"BT": BT, "BV": BV}, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        if BV >= WALK_MIN_TILE:
+            wide.append(config)
+        elif cfg.num_warps >= NARROW_TILE_MIN_WARPS:
+            narrow.append(config)
+    out = (wide or narrow)[:max_configs]
     if not out:
         smallest = min(
             configs, key=lambda c: estimate_shared_bytes(c.kwargs["BT"], BK, c.kwargs["BV"], 1, elem_bytes)
         )
         meta = {"BT": smallest.kwargs["BT"], "BV": min(smallest.kwargs["BV"], BVmax)}
-        warps = smallest.num_warps
-        if min(BK, meta["BV"]) <= NARROW_TILE_MAX_WIDTH:
-            warps = max(warps, NARROW_TILE_MIN_WARPS)
+        warps = smallest.num_warps if meta["BV"] >= WALK_MIN_TILE else max(smallest.num_warps, NARROW_TILE_MIN_WARPS)
         out.append(triton.Config(meta, num_warps=warps, num_stages=1))
     return out
 
