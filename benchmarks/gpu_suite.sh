@@ -74,6 +74,17 @@ for stage in ${stages//,/ }; do
                           --out "$res/host_profile.txt" ;;
         inter_debug) run inter_debug 150 python3 benchmarks/inter_debug.py ;;
         inter_debug_dims) run inter_debug_dims 300 python3 benchmarks/inter_debug.py --head-dims ;;
+        inter_debug_stages) run inter_debug_stages 100 python3 benchmarks/inter_debug.py --stages ;;
+        # three pipeline stages at K = 128 and 64 (configs.PREFERRED_BY_BK), with the compiled shared memory
+        sweep_stages) run sweep_d128 90 python3 benchmarks/chunk_sweep.py --D 128 --B 4 --T 16384 --inter input \
+                          --configs "BT=64,BV=64,num_warps=4,num_stages=1;BT=64,BV=64,num_warps=4,num_stages=3;BT=64,BV=64,num_warps=4,num_stages=4" \
+                          --out "$res/chunk_sweep_d128.json"
+                      run sweep_d64_stages 60 python3 benchmarks/chunk_sweep.py --D 64 --B 4 --T 16384 --inter input \
+                          --configs "BT=64,BV=64,num_warps=4,num_stages=2;BT=64,BV=64,num_warps=4,num_stages=3" \
+                          --out "$res/chunk_sweep_d64_stages.json" ;;
+        # the whole grid (a) with FLA only (official and SDPA: session 3, h100-2026-11-22k)
+        kernels_a_fla) run kernels_a_fla "${KERNELS_A_FLA_S:-280}" python3 -m lightning_attention.bench kernels --grid a \
+                           --ours chunk --baselines fla --out "$res/kernels_a_fla" ;;
         host) run host 60 python3 benchmarks/host_overhead.py --out "$res/host_overhead.json" ;;
         # the same through Triton's normal launch path (kernels/launch.py off): the direct launch's gain
         host_normal) run host_normal 60 env LIGHTNING_ATTENTION_DIRECT_LAUNCH=0 python3 benchmarks/host_overhead.py \

@@ -6,6 +6,7 @@ H = 16, bf16), every output and gradient compared with the float64 PyTorch path 
     python benchmarks/inter_debug.py --probes        # also pinned configurations that probe the fault rule
     python benchmarks/inter_debug.py --head-dims     # the full op at K, V = 32 / 64 / 256: defaults and the pinned
                                                      # configurations of the head-dim sweeps
+    python benchmarks/inter_debug.py --stages        # K = V = 64, 128 with three pipeline stages pinned
 
 A case line: ``K V C seg pin: rc  o=err ht=err dq=err dk=err dv=err dh0=err`` (C = 0: the full op
 ``lightning_attn``; seg: ``LIGHTNING_ATTENTION_SEGMENT_LEN``, '-' = the default plan; errors above 5e-3 are wrong).
@@ -72,6 +73,9 @@ HEAD_DIMS += [
     for seg in ("0", "256")
 ]
 
+# three pipeline stages (configs.PREFERRED_BY_BK): pinned, every pass
+STAGES = [(d, d, 0, seg, "BT=64,BV=64,num_warps=4,num_stages=3") for d in (128, 64) for seg in ("0", "256")]
+
 
 def run_case(K: int, V: int, C: int, seg: str, pin: str) -> None:
     env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")
@@ -93,8 +97,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--probes", action="store_true", help="also run the pinned probe configurations")
     parser.add_argument("--head-dims", action="store_true", help="only the small and large head-dim cases")
+    parser.add_argument("--stages", action="store_true", help="only the pinned three-stage cases")
     args = parser.parse_args()
-    cases = HEAD_DIMS if args.head_dims else CASES + (PROBES if args.probes else [])
+    if args.stages:
+        cases = STAGES
+    else:
+        cases = HEAD_DIMS if args.head_dims else CASES + (PROBES if args.probes else [])
     for case in cases:
         run_case(*case)
     return 0

@@ -115,3 +115,49 @@ def test_torch_compile_fullgraph_varlen_inductor():
     o_ref, ht_ref = fn(q, k, v)
     assert_close("o", o, o_ref, 1e-6)
     assert_close("final_state", ht, ht_ref, 1e-6)
+
+
+def test_forward_fake_plans_segments_from_symbolic_cuda_sizes(monkeypatch):
+    """The forward op's fake on CUDA tensors of symbolic size (torch.compile with dynamic shapes, op called directly):
+    the segment plan is a search over ints, so the sizes specialise (guards) instead of failing to hash a SymInt.
+    No GPU needed: a fake tensor that says it is on CUDA, and a GPU of 132 SMs."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    monkeypatch.delenv("LIGHTNING_ATTENTION_SEGMENT_LEN", raising=False)
+    monkeypatch.setattr(chunk, "_sm_count", lambda index: 132)
+    shape_env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=shape_env)
+    dynamic = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * 2 + [DimDynamic.STATIC] * 2)
+    real = torch.empty(4, 16384, 16, 128, dtype=torch.bfloat16, device="meta")  # made outside the mode: not fake yet
+    with mode:
+        meta = mode.from_tensor(real, symbolic_context=dynamic)
+    q = FakeTensor(mode, meta, torch.device("cuda", 0))
+    assert isinstance(q.shape[1], torch.SymInt)
+    with mode:
+        o, ht, states = chunk.chunk_fwd_op._abstract_fn(q, q, q, None, None, None, None, 1.0, False)
+        _, _, no_states = chunk.chunk_fwd_op._abstract_fn(q, q, q, None, None, None, None, 1.0, False, 0, False)
+    assert o.shape == q.shape and ht.shape == (0,)
+    assert states.shape == (8, 16, 128, 128)  # 4 sequences x 2 segments of 8K (132 SMs): the plan of these sizes
+    assert shape_env.guards  # ... specialised on them
+    assert no_states.shape == (0,)  # save_states=False (what LightningAttnFunction passes while compiling)
+
+
+def test_torch_compile_dynamic_lengths_on_segments(monkeypatch):
+    """torch.compile(dynamic=True) over two lengths with the segmented path: the Function asks for no segment states
+    while compiling (the backward recomputes them), so nothing specialises on T; values as in eager mode."""
+    monkeypatch.setenv("LIGHTNING_ATTENTION_SEGMENT_LEN", "16")
+
+    def layer(q, k, v):
+        o, _ = la.lightning_attn(q, k, v, None, scale=0.5)
+        return o.square().sum()
+
+    compiled = torch.compile(layer, fullgraph=True, dynamic=True, backend="aot_eager")
+    for T in (40, 56):
+        q, k, v, _, _ = _tensors(T=T)
+        for x in (q, k, v):
+            x.requires_grad_()
+        grads = torch.autograd.grad(compiled(q, k, v), (q, k, v))
+        grads_ref = torch.autograd.grad(layer(q, k, v), (q, k, v))
+        for name, a, b in zip(("dq", "dk", "dv"), grads, grads_ref):
+            assert_close(name, a, b, 1e-6)

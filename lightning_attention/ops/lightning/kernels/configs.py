@@ -33,6 +33,7 @@ _SPACE = (
     (64, 64, 8, 1),
     (64, 32, 8, 2),  # K = 256 on <= 166 KB of shared memory (sm_80)
     (32, 32, 8, 1),  # K = 256 on <= 101 KB (sm_86/89/120)
+    (64, 64, 4, 3),
 )
 
 # the main walk's first candidates by padded K (the rows of its [K, BV] fp32 state), ahead of the order above:
@@ -40,8 +41,11 @@ _SPACE = (
 # against float64 (h100-2026-11-22o/inter_debug_dims.log). K = 64 (B = 4, T = 16K): fwd+bwd 1.04 ms for
 # (64, 64, 4, 2), 1.16 for (64, 64, 4, 1). K = 256 (B = 16, T = 4K): every configuration spills the state; 10.0 ms
 # for (64, 64, 8, 2), 10.35 for (64, 64, 4, 1) (9.26 for (64, 32, 4, 1), which is wrong: NARROW_TILE_MAX_WIDTH)
+# K = 128 (B = 4, T = 16K, each pass alone, h100-2026-11-22q/passes_*.json): 3 stages pipeline the loads, the
+# walks take 0.495 / 0.500 / 0.543 / 0.541 ms (fwd, dq, dv, dk) against 0.559 / 0.561 / 0.573 / 0.576 with one stage
 PREFERRED_BY_BK = {
-    64: ((64, 64, 4, 2), (64, 64, 4, 1)),
+    64: ((64, 64, 4, 2), (64, 64, 4, 3)),
+    128: ((64, 64, 4, 3), (64, 64, 4, 1)),
     256: ((64, 64, 8, 2), (64, 64, 4, 1)),
 }
 
