@@ -195,7 +195,12 @@ def estimate_shared_bytes(BT: int, BK: int, BV: int, num_stages: int, elem_bytes
     elif inter_only:  # chunk tiles of up to 256 tokens: every pipelined q, k, v tile per stage (278,528 B compiled
         qk = num_stages * BT * (2 * BK + BV) * elem_bytes  # at BT = 256, BV = 32, 2 stages; estimate 294,912)
     scores = elem_bytes * BT * (BK // 2 if inter_only else BT)
-    return qk + 2 * BV * (4 * BK + elem_bytes * BT) + scores
+    estimate = qk + 2 * BV * (4 * BK + elem_bytes * BT) + scores
+    if num_stages >= 2 and not inter_only:
+        # pipelined loads: a q, k and v tile per stage (triton 3.6, sm_90, bf16, BT = BV = 64: 131,072 B compiled at
+        # K = 128 with 3 stages, 172,032 with 4; 73,728 at K = 64 with 3; h100-2026-11-22r/chunk_sweep_d*.json)
+        estimate = max(estimate, num_stages * BT * (2 * BK + BV) * elem_bytes + scores)
+    return estimate
 
 
 def estimate_dkdv_shared_bytes(BT: int, BK: int, BV: int, num_stages: int, elem_bytes: int, state_bytes: int) -> int:
