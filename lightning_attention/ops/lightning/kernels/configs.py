@@ -19,30 +19,29 @@ import triton
 
 ENV_CONFIG = "LIGHTNING_ATTENTION_KERNEL_CONFIG"
 
-# (BT, BV, num_warps, num_stages) in order of preference; the first entry is the default (and the one the CPU
-# interpreter runs). Order from the H100 sweep (benchmarks/results/chunk_sweep_h100.json, bf16, K = V = 128):
-# fwd+bwd 2.42 ms for (64, 64, 4, 1), 2.48 for (64, 128, 8, 2), 2.53 for (64, 64, 4, 2), 3.36 for (64, 32, 4, 2)
+# (BT, BV, num_warps, num_stages) in order of preference, after PREFERRED_BY_BK (which leads for K = 64, 128, 256);
+# the first entry is the default for other dims. Order from the H100 sweep (benchmarks/results/chunk_sweep_h100.json,
+# bf16, K = V = 128): fwd+bwd 2.42 ms for (64, 64, 4, 1), 2.48 for (64, 128, 8, 2), 2.53 for (64, 64, 4, 2). Tiles
+# narrower than 64 only with 8 warps (WALK_MIN_TILE), for where nothing wider fits.
 _SPACE = (
     (64, 64, 4, 1),
     (64, 128, 8, 2),
     (64, 64, 4, 2),
-    (64, 32, 4, 2),
     (32, 64, 4, 2),
-    (32, 32, 4, 1),
     (64, 64, 8, 2),
     (64, 64, 8, 1),
+    (64, 64, 4, 3),
     (64, 32, 8, 2),  # K = 256 on <= 166 KB of shared memory (sm_80)
     (32, 32, 8, 1),  # K = 256 on <= 101 KB (sm_86/89/120)
-    (64, 64, 4, 3),
 )
 
 # the main walk's first candidates by padded K (the rows of its [K, BV] fp32 state), ahead of the order above:
-# H100, bf16, triton 3.6, pinned sweeps (benchmarks/results/h100-2026-11-22n/chunk_sweep_d*.json), each checked
-# against float64 (h100-2026-11-22o/inter_debug_dims.log). K = 64 (B = 4, T = 16K): fwd+bwd 1.04 ms for
-# (64, 64, 4, 2), 1.16 for (64, 64, 4, 1). K = 256 (B = 16, T = 4K): every configuration spills the state; 10.0 ms
-# for (64, 64, 8, 2), 10.35 for (64, 64, 4, 1) (9.26 for (64, 32, 4, 1), which is wrong: NARROW_TILE_MAX_WIDTH)
-# K = 128 (B = 4, T = 16K, each pass alone, h100-2026-11-22q/passes_*.json): 3 stages pipeline the loads, the
-# walks take 0.495 / 0.500 / 0.543 / 0.541 ms (fwd, dq, dv, dk) against 0.559 / 0.561 / 0.573 / 0.576 with one stage
+# H100, bf16, triton 3.6, pinned sweeps (benchmarks/results/h100-2026-11-22n/chunk_sweep_d*.json, -r), each checked
+# against float64 (h100-2026-11-22o/inter_debug_dims.log, -r/inter_debug_stages.log). K = 64 (B = 4, T = 16K):
+# fwd+bwd 0.98 ms with 3 stages, 1.04 with 2, 1.16 for (64, 64, 4, 1). K = 128 (B = 4, T = 16K): 2.37 ms with 3
+# stages, 2.64 with 1, 3.21 with 4 (each walk pass 9-12% faster: the loads are pipelined). K = 256 (B = 16, T = 4K):
+# every configuration spills the state; 10.0 ms for (64, 64, 8, 2), 10.35 for (64, 64, 4, 1) (9.26 for
+# (64, 32, 4, 1), which is wrong: WALK_MIN_TILE)
 PREFERRED_BY_BK = {
     64: ((64, 64, 4, 2), (64, 64, 4, 3)),
     128: ((64, 64, 4, 3), (64, 64, 4, 1)),
