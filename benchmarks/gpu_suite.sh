@@ -68,6 +68,8 @@ for stage in ${stages//,/ }; do
                        --out "$res/kernels_b" ;;
         head_dims) run head_dims 270 python3 -m lightning_attention.bench kernels --grid a --head-dims 64,256 \
                        --ours chunk --baselines fla --out "$res/head_dims" ;;
+        kernels_h200_fla) run kernels_h200_fla 240 python3 -m lightning_attention.bench kernels --grid a --ours chunk \
+                              --baselines fla --seqlens 2048,8192,32768 --out "$res/kernels_h200_fla" ;;
         kernels_h200) run kernels_h200 200 python3 -m lightning_attention.bench kernels --grid a --ours chunk \
                           --baselines fla,sdpa --seqlens 2048,8192,32768 --out "$res/kernels_h200" ;;
         host_profile) run host_profile 60 python3 benchmarks/host_profile.py --shape 32x2048 --calls 100 \

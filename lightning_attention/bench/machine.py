@@ -47,22 +47,23 @@ def _driver_version() -> str | None:
 
 
 def _git_revision() -> str | None:
-    """Short commit of the checkout the package was imported from (None outside a git checkout)."""
+    """Short commit of the checkout the package was imported from, with ``+modified`` when tracked files differ from
+    it (a working tree copied onto a GPU machine keeps the commit it was made from); None outside a git checkout."""
     exe = shutil.which("git")
     if exe is None:
         return None
+    here = os.path.dirname(os.path.abspath(__file__))
     try:
         out = subprocess.run(
-            [exe, "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-            cwd=os.path.dirname(os.path.abspath(__file__)),
+            [exe, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10, check=True, cwd=here
         ).stdout
+        modified = subprocess.run([exe, "diff", "--quiet", "HEAD", "--"], capture_output=True, timeout=30, cwd=here)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.strip() or None
+    rev = out.strip()
+    if not rev:
+        return None
+    return rev + "+modified" if modified.returncode == 1 else rev
 
 
 def machine_info(device: torch.device | str) -> dict:
