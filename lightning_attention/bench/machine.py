@@ -57,7 +57,9 @@ def _git_revision() -> str | None:
         out = subprocess.run(
             [exe, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10, check=True, cwd=here
         ).stdout
-        modified = subprocess.run([exe, "diff", "--quiet", "HEAD", "--"], capture_output=True, timeout=30, cwd=here)
+        modified = subprocess.run(
+            [exe, "diff", "--quiet", "HEAD", "--"], capture_output=True, timeout=30, check=False, cwd=here
+        )  # exit status 1: tracked files differ
     except (OSError, subprocess.SubprocessError):
         return None
     rev = out.strip()
