@@ -3,9 +3,12 @@
 For each (BT, BV, num_warps, num_stages) and bf16 inter-product mode, a child process pins the configuration with
 ``LIGHTNING_ATTENTION_KERNEL_CONFIG``, times the forward and forward + backward at one shape
 (``triton.testing.do_bench`` medians) and reports registers / spills / shared memory of the compiled walk kernels.
+It times, it does not check values: on the H100 a configuration that computed wrong values (K = 64) or faulted
+(K = 256) timed as the fastest. Check a candidate with ``benchmarks/inter_debug.py`` (pinned, against float64)
+before the dispatcher may pick it.
 
     python benchmarks/chunk_sweep.py --B 16 --T 4096 --out benchmarks/results/chunk_sweep_h100.json
-    python benchmarks/chunk_sweep.py --D 256 --inter input --configs "BT=64,BV=32,num_warps=4,num_stages=1;..."
+    python benchmarks/chunk_sweep.py --D 256 --inter input --configs "BT=64,BV=64,num_warps=8,num_stages=2;..."
 """
 
 import argparse
