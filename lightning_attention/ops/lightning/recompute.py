@@ -66,10 +66,10 @@ import contextlib
 from dataclasses import dataclass
 
 import torch
-import triton
 import triton.language as tl
 
 from lightning_attention.ops.lightning.chunk import backward_outputs_fake, last_dim_contiguous
+from lightning_attention.ops.lightning.kernels.configs import cdiv, padded_dim
 from lightning_attention.ops.lightning.kernels.recompute import recompute_bwd_kernel
 from lightning_attention.ops.lightning.naive import compute_dtype
 
@@ -101,8 +101,8 @@ def recompute_config(K: int, V: int, dtype: torch.dtype) -> RecomputeConfig:
     No autotuning (cold start stays at one compile per shape class and dtype). The smem test and
     ``benchmarks/recompute_smem_table.py`` compile exactly these.
     """
-    K_pad = max(16, triton.next_power_of_2(K))
-    V_pad = max(16, triton.next_power_of_2(V))
+    K_pad = padded_dim(K)
+    V_pad = padded_dim(V)
     BK = min(K_pad, max(16, STATE_ELEMENTS // V_pad))
     BV = min(V_pad, max(16, STATE_ELEMENTS // K_pad))
     # Two pipeline stages double the buffered [BT, d] loads: with 4-byte operands at d = 256 that is 104 KB, over
@@ -192,7 +192,7 @@ def recompute_backward(
 
     cfg = recompute_config(K, V, q.dtype)
     # N·H on axis 0 (up to 2^31 - 1 programs; axis 1 stops at 65,535); axis 1: dq, dk (K tiles) and dv (V tiles)
-    grid = (N * H, 2 * triton.cdiv(K, cfg.BK) + triton.cdiv(V, cfg.BV))
+    grid = (N * H, 2 * cdiv(K, cfg.BK) + cdiv(V, cfg.BV))
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
         recompute_bwd_kernel[grid](
             q, k, v, do, h0, dht, slope, cu_seqlens, dq, dk, dv, dh0, T, H,

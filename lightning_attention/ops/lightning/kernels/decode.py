@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from lightning_attention.backend import plain_eager
+from lightning_attention.ops.lightning.kernels.configs import cdiv, padded_dim
 from lightning_attention.ops.lightning.kernels.launch import LaunchCache
 
 # Largest state slab a program keeps in registers: 8192 fp32 values = 32 KB (64 per thread at 4 warps, 32 at 8).
@@ -141,10 +142,10 @@ def launch_config(num_programs_bh: int, head_k: int, head_v: int, num_sms: int) 
     BV: 64 (256-byte rows) unless B·H is too small to give every SM two programs, then down to 16.
     BK: the whole (power-of-two padded) K when a [BK, BV] fp32 slab fits in :data:`_MAX_TILE`, else a K loop.
     """
-    bv = min(64, max(16, triton.next_power_of_2(head_v)))
-    while bv > 16 and num_programs_bh * triton.cdiv(head_v, bv) < 2 * num_sms:
+    bv = min(64, padded_dim(head_v))
+    while bv > 16 and num_programs_bh * cdiv(head_v, bv) < 2 * num_sms:
         bv //= 2
-    bk = min(max(16, triton.next_power_of_2(head_k)), max(16, _MAX_TILE // bv))
+    bk = min(padded_dim(head_k), max(16, _MAX_TILE // bv))
     num_warps = 8 if bk * bv >= _MAX_TILE else 4
     return bk, bv, num_warps
 
@@ -179,7 +180,7 @@ def constexpr_args(q, v, slope, state_indices, block_k: int, block_v: int) -> tu
 
 def _grid(q, v, block_v: int) -> tuple[int]:
     B, H, _ = q.shape
-    return (B * H * triton.cdiv(v.shape[-1], block_v),)
+    return (B * H * cdiv(v.shape[-1], block_v),)
 
 
 def launch_decode_step(q, k, v, state, slope, scale, state_indices, out, *, block_k, block_v, num_warps):
