@@ -54,23 +54,38 @@ def passes(B: int, T: int, H: int = 16, D: int = 128, dtype=torch.bfloat16) -> l
             scale_upd=upd, reverse=reverse, state_only=False, **common,
         )  # fmt: skip
 
-    def pre_pass(kk, vv, reverse):  # as without a final state: the walk's last segment of each sequence skipped
-        return lambda: chunk._walk(
-            kk, kk, vv, None, slope=slope, h0=None, ht=None, states=states, scale_intra=1.0, scale_inter=1.0,
-            scale_upd=1.0, reverse=reverse, state_only=True, skip_final=True, **common,
+    def pre_pass(kk, vv, reverse, pieces):  # as without a final state: the walk's last segment skipped
+        return lambda: chunk._prepass(
+            kk, vv, states, pieces, slope=slope, plan=plan, N=B, H=H, T=T, scale_upd=1.0, reverse=reverse,
+            skip_final=True,
         )  # fmt: skip
+
+    def scan(local, pieces):
+        return lambda: chunk._scan(
+            states, local, pieces, slope=slope, h0=None, ht=None, plan=plan, N=B, H=H, T=T, reverse=False
+        )
+
+    def segment_states(kk, vv, reverse):  # what the op runs: the pre-pass and the scan
+        return lambda: chunk._segmented_states(
+            kk, vv, slope=slope, h0=None, ht=None, plan=plan, N=B, H=H, T=T, scale_upd=1.0, reverse=reverse
+        )
 
     print(f"== B={B} T={T} segmented={plan.segmented} segments/seq={plan.per_seq} seg_len={plan.seg_len}", flush=True)
     if plan.segmented:
-        timed("fwd pre-pass (k, v)", pre_pass(k, v, False), lightning_state_kernel)
-        timed(
-            "scan",
-            lambda: chunk._scan(states, slope=slope, h0=None, ht=None, plan=plan, N=B, H=H, T=T, reverse=False),
-        )
+        whole = chunk.PrepassPieces(1, plan.seg_len, 0, T, plan.per_seq, 0)  # the walk's own segments, in place
+        pieces = chunk._prepass_pieces(k, plan, T, H, D, skip_final=True, reverse=False)  # what the op picks
+        print(f"   {pieces}", flush=True)
+        timed("fwd pre-pass on segments", pre_pass(k, v, False, whole), lightning_state_kernel)
+        timed("scan of segments", scan(states, whole))
+        if pieces.split > 1:
+            timed("fwd pre-pass on pieces", pre_pass(k, v, False, pieces), lightning_state_kernel)
+            local = pre_pass(k, v, False, pieces)()
+            timed("scan of pieces", scan(local, pieces))
+        timed("fwd pre-pass + scan (op)", segment_states(k, v, False), lightning_state_kernel)
     timed("fwd walk (q, k, v)", walk(q, k, v, out, False, states), lightning_walk_kernel)
     timed("dq walk (do, v, k)", walk(do, v, k, out, False, states), lightning_walk_kernel)
     if plan.segmented:
-        timed("g pre-pass (q, do) reverse", pre_pass(q, do, True), lightning_state_kernel)
+        timed("g pre-pass + scan (q, do) reverse (op)", segment_states(q, do, True), lightning_state_kernel)
     g_t = None if states is None else states.transpose(-1, -2)
     timed("dv walk (k, q, do) reverse", walk(k, q, do, out, True, states, upd=1.0), lightning_walk_kernel)
     timed("dk walk (v, do, q) reverse", walk(v, do, q, out2, True, g_t, upd=1.0), lightning_walk_kernel)

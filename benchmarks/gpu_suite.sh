@@ -28,6 +28,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 SWEEP_D256="BT=64,BV=64,num_warps=4,num_stages=1;BT=64,BV=64,num_warps=8,num_stages=1;BT=64,BV=64,num_warps=8,num_stages=2"
 SWEEP_D256+=";BT=64,BV=32,num_warps=4,num_stages=1;BT=64,BV=32,num_warps=4,num_stages=2;BT=32,BV=64,num_warps=8,num_stages=1"
 SWEEP_D256+=";BT=32,BV=32,num_warps=4,num_stages=1;BT=64,BV=128,num_warps=8,num_stages=1"
+SWEEP_D256_BT128="BT=128,BV=64,num_warps=8,num_stages=1;BT=64,BV=64,num_warps=8,num_stages=2;BT=128,BV=64,num_warps=4,num_stages=1"
 SWEEP_D64="BT=64,BV=64,num_warps=4,num_stages=1;BT=64,BV=64,num_warps=8,num_stages=1;BT=64,BV=32,num_warps=4,num_stages=1"
 SWEEP_D64+=";BT=32,BV=64,num_warps=4,num_stages=1;BT=128,BV=64,num_warps=8,num_stages=1;BT=64,BV=64,num_warps=4,num_stages=2"
 
@@ -136,6 +137,35 @@ for stage in ${stages//,/ }; do
                             run "passes_${pin//[=,]/_}" 60 env LIGHTNING_ATTENTION_KERNEL_CONFIG="$pin" \
                                 python3 benchmarks/chunk_passes.py --shapes 4x16384 --out "$res/passes_${pin//[=,]/_}.json"
                         done ;;
+        # K = 256 on 128-token chunks (8 warps: the 64-token walks run their 64-row products on both warpgroups), timed
+        # and checked against float64 pinned
+        sweep_d256_bt128) run sweep_d256_bt128 150 python3 benchmarks/chunk_sweep.py --D 256 --B 16 --T 4096 --inter input \
+                              --configs "$SWEEP_D256_BT128" --out "$res/chunk_sweep_d256_bt128.json"
+                          run verify_d256_bt128 150 python3 benchmarks/inter_debug.py --pins 256 "$SWEEP_D256_BT128" ;;
+        # K = 128 with two pipeline stages (90 KB of shared memory: two programs per SM) against three (131 KB: one),
+        # at the unsegmented 8K x 8 and the segmented 16K x 4, then checked against float64 pinned
+        sweep_d128_s2) for shape in "8 8192" "4 16384"; do
+                           set -- $shape
+                           run "sweep_d128_s2_$2" 90 python3 benchmarks/chunk_sweep.py --D 128 --B "$1" --T "$2" --inter input \
+                               --configs "BT=64,BV=64,num_warps=4,num_stages=2;BT=64,BV=64,num_warps=4,num_stages=3" \
+                               --out "$res/chunk_sweep_d128_s2_$2.json"
+                       done
+                       run verify_d128_s2 90 python3 benchmarks/inter_debug.py --pins 128 "BT=64,BV=64,num_warps=4,num_stages=2" ;;
+        # the segment plan with one walk program per SM (three stages, 131 KB): the default plan (2 programs per SM
+        # assumed) against segments of 16K (16K x 4 whole, 32K x 2 in 2, 64K x 1 in 4), fwd and fwd+bwd
+        seg_probe_occ) for seg in default 16384; do
+                           run "seg_probe_occ_$seg" 90 env LIGHTNING_ATTENTION_SEGMENT_LEN="${seg/default/}" \
+                               python3 benchmarks/host_overhead.py --shapes 4x16384,2x32768,1x65536 \
+                               --out "$res/seg_probe_occ_$seg.json"
+                       done ;;
+        # the pre-pass on shorter pieces (more programs, a larger piece buffer): per pass at 32K x 2 and 64K x 1
+        prepass_probe) for piece in 1024 512; do
+                           run "passes_piece_$piece" 60 env LIGHTNING_ATTENTION_PREPASS_LEN=$piece python3 benchmarks/chunk_passes.py \
+                               --shapes 2x32768,1x65536 --out "$res/chunk_passes_piece_$piece.json"
+                       done ;;
+        # the segmented part of grid (a) per pass: the pre-pass on pieces of the segments (chunk.prepass_split)
+        passes_long) run passes_long 120 python3 benchmarks/chunk_passes.py --shapes 4x16384,2x32768,1x65536 \
+                         --out "$res/chunk_passes_long.json" ;;
         sweep_d256) run sweep_d256 200 python3 benchmarks/chunk_sweep.py --D 256 --B 16 --T 4096 --inter input \
                         --configs "$SWEEP_D256" --out "$res/chunk_sweep_d256.json" ;;
         sweep_d64) run sweep_d64 120 python3 benchmarks/chunk_sweep.py --D 64 --B 4 --T 16384 --inter input \

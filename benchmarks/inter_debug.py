@@ -7,6 +7,9 @@ H = 16, bf16), every output and gradient compared with the float64 PyTorch path 
     python benchmarks/inter_debug.py --head-dims     # the full op at K, V = 32 / 64 / 256: defaults and the pinned
                                                      # configurations of the head-dim sweeps
     python benchmarks/inter_debug.py --stages        # K = V = 64, 128 with three pipeline stages pinned
+    python benchmarks/inter_debug.py --pins 256 "BT=128,BV=64,num_warps=8,num_stages=1;..."
+                                                     # K = V = 256 with each configuration pinned, unsegmented and
+                                                     # in segments of 256 tokens (before a dispatcher may pick it)
 
 A case line: ``K V C seg pin: rc  o=err ht=err dq=err dk=err dv=err dh0=err`` (C = 0: the full op
 ``lightning_attn``; seg: ``LIGHTNING_ATTENTION_SEGMENT_LEN``, '-' = the default plan; errors above 5e-3 are wrong).
@@ -98,8 +101,13 @@ def main() -> int:
     parser.add_argument("--probes", action="store_true", help="also run the pinned probe configurations")
     parser.add_argument("--head-dims", action="store_true", help="only the small and large head-dim cases")
     parser.add_argument("--stages", action="store_true", help="only the pinned three-stage cases")
+    parser.add_argument("--pins", nargs=2, metavar=("D", "CONFIGS"),
+                        help="only K = V = D with each ';'-separated configuration pinned")  # fmt: skip
     args = parser.parse_args()
-    if args.stages:
+    if args.pins:
+        d, configs = int(args.pins[0]), [c for c in args.pins[1].split(";") if c]
+        cases = [(d, d, 0, seg, pin) for pin in configs for seg in ("0", "256")]
+    elif args.stages:
         cases = STAGES
     else:
         cases = HEAD_DIMS if args.head_dims else CASES + (PROBES if args.probes else [])

@@ -23,6 +23,7 @@ from lightning_attention.ops.lightning.kernels.configs import (
     dkdv_autotune_configs,
     dkdv_state_bytes,
     estimate_dkdv_shared_bytes,
+    estimate_resident_shared_bytes,
     estimate_shared_bytes,
     inter_only_config,
     padded_dim,
@@ -38,7 +39,7 @@ from lightning_attention.ops.lightning.kernels.walk import lightning_scan_kernel
 ELEM_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 INTER_PREC = {"bf16": "input", "fp16": "tf32", "fp32": "ieee"}  # as chunk._precisions picks them
 _IO_POINTERS = {"q", "k", "v", "o", "do", "dk", "dv"}
-_STATE_POINTERS = {"slope", "h0", "ht", "states", "dht", "dh0"}
+_STATE_POINTERS = {"slope", "h0", "ht", "states", "pieces", "dht", "dh0"}
 _INT_POINTERS = {"cu_seqlens", "seg_table", "seq_segs"}
 
 
@@ -62,6 +63,27 @@ def signature(fn, dtype: str) -> dict:
     return sig
 
 
+def specialisations(fn, sig: dict) -> dict:
+    """The divisibility that a launch on a GPU gives the compiler (Triton specialises every pointer and every int
+    argument not in ``do_not_specialize`` that is a multiple of 16): pointers (torch allocations are 16-byte
+    aligned) and the batch / token / head strides and H of the shapes the dispatcher sees. Without it a build
+    neither vectorises nor pipelines its loads, and reports less shared memory than the GPU's build uses."""
+    skip = {a if isinstance(a, str) else fn.arg_names[a] for a in fn.do_not_specialize or ()}
+    aligned = [
+        i for i, name in enumerate(fn.arg_names)
+        if sig[name].startswith("*") or (
+            sig[name] == "i32" and name not in skip and (name == "H" or name.rsplit("_", 1)[-1] in ("b", "t", "h", "n"))
+        )
+    ]  # fmt: skip
+    return {(i,): [["tt.divisibility", 16]] for i in aligned}
+
+
+def source(fn, dtype: str, constexprs: dict):
+    """What ``triton.compile`` builds: ``fn`` with the launch's signature, specialisations and ``constexprs``."""
+    sig = signature(fn, dtype)
+    return triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=specialisations(fn, sig))
+
+
 def dispatcher_configs(cc: int, dtype: str, DK: int, DV: int, flags: dict):
     """What the walk's pruning keeps on ``cc`` (the inter-only mode: its fixed-BT space with BT = flags["BT"])."""
     if flags.get("INTER_ONLY"):
@@ -75,7 +97,7 @@ def _compile(kind: str, fn, cc: int, dtype: str, DK: int, DV: int, BT: int, BV: 
              flags: dict, estimate: int) -> dict:
     """Builds ``fn`` for ``cc`` with ``constexprs`` (``flags`` on top) and returns the JSON line of the build."""
     constexprs = {**constexprs, **flags}
-    src = triton.compiler.ASTSource(fn=fn, signature=signature(fn, dtype), constexprs=constexprs)
+    src = source(fn, dtype, constexprs)
     options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     kernel = triton.compile(src, target=GPUTarget("cuda", cc, 32), options=options)
     return {
@@ -100,7 +122,9 @@ def build_walk(cc: int, dtype: str, DK: int, DV: int, cfg, flags: dict) -> dict:
     inter_only = bool(flags.get("INTER_ONLY", False))
     estimate = estimate_shared_bytes(BT, BK, BV, cfg.num_stages, ELEM_BYTES[dtype], inter_only)
     fn = lightning_walk_kernel.fn  # the JITFunction under the autotuner
-    return _compile("walk", fn, cc, dtype, DK, DV, BT, BV, cfg, constexprs, flags, estimate)
+    result = _compile("walk", fn, cc, dtype, DK, DV, BT, BV, cfg, constexprs, flags, estimate)
+    result["resident"] = estimate_resident_shared_bytes(BT, BK, BV, cfg.num_stages, ELEM_BYTES[dtype])
+    return result
 
 
 def build_dkdv(cc: int, dtype: str, DK: int, DV: int, cfg, flags: dict) -> dict:
@@ -122,20 +146,20 @@ def dkdv_jobs(cc: int, dtype: str, DK: int, DV: int) -> list:
     return select_dkdv_configs(dkdv_autotune_configs(), DK, DV, ELEM_BYTES[dtype], state_bytes, SHARED_LIMITS[cc])
 
 
-def build_scan(cc: int) -> dict:
+def build_scan(cc: int, varlen: int) -> dict:
     fn = lightning_scan_kernel
     constexprs = dict(
-        DK=128, DV=128, BK=64, BV=64, VARLEN=2, REVERSE=True, HAS_DECAY=True, USE_H0=True, STORE_HT=True,
+        DK=128, DV=128, BK=64, BV=64, VARLEN=varlen, REVERSE=True, HAS_DECAY=True, USE_H0=True, STORE_HT=True,
         ACC=tl.float32,
     )  # fmt: skip
-    src = triton.compiler.ASTSource(fn=fn, signature=signature(fn, "fp32"), constexprs=constexprs)
+    src = source(fn, "fp32", constexprs)
     kernel = triton.compile(src, target=GPUTarget("cuda", cc, 32), options={"num_warps": 4, "num_stages": 1})
     return {"kernel": "scan", "cc": cc, "shared": kernel.metadata.shared, "limit": SHARED_LIMITS[cc]}
 
 
 def run_job(job: dict) -> list[dict]:
     if job.get("kernel") == "scan":
-        return [build_scan(job["cc"])]
+        return [build_scan(job["cc"], varlen) for varlen in (0, 2)]
     which = job.get("which", "all")
     flags = job.get("flags", {})
     if job.get("kernel") == "dkdv":

@@ -81,6 +81,29 @@ def test_half_precision_configs_fit(ci_builds, cc, dtype, d):
            and r["DK"] == d and not r["flags"]])  # fmt: skip
 
 
+def test_occupancy_estimate_covers_the_compiled_forward_walks(ci_builds):
+    """The segment plan's occupancy (configs.walk_programs_per_sm) never counts more resident programs than fit: the
+    compiled shared memory of the 16-bit forward walks on sm_90 is within configs.estimate_resident_shared_bytes."""
+    builds = [
+        r for r in ci_builds if r["kernel"] == "walk" and r["cc"] == 90 and r["dtype"] != "fp32" and not r["flags"]
+    ]
+    assert builds
+    for r in builds:
+        assert r["shared"] <= r["resident"], r
+
+
+def test_walk_programs_per_sm_on_an_h100():
+    """Programs per SM of the first configuration the dispatcher tries (bf16, sm_90: 233,472 B of shared memory per
+    SM): three stages at K = 128 hold 131 KB (one program), K = 64 is bound by registers (two 4-warp programs of 255
+    registers), K = 256 runs one 8-warp program."""
+    from lightning_attention.ops.lightning.kernels.configs import SHARED_LIMITS, SHARED_PER_SM, walk_programs_per_sm
+
+    def per_sm(d):
+        return walk_programs_per_sm(d, d, 2, SHARED_LIMITS[90], SHARED_PER_SM[90])
+
+    assert (per_sm(64), per_sm(128), per_sm(256)) == (2, 1, 1)
+
+
 @pytest.mark.parametrize("cc", ARCHS)
 def test_backward_and_prepass_variants_compile(ci_builds, cc):
     check([r for r in ci_builds if r["kernel"] == "walk" and r["cc"] == cc and r["flags"] in (REVERSE_SEGMENTED, PRE_PASS_VARLEN)])

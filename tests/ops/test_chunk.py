@@ -41,6 +41,7 @@ class Case:
     cu: tuple | None = None  # varlen offsets (B == 1)
     cu_cpu: bool = False  # also pass cu_seqlens_cpu
     seg: int | None = None  # LIGHTNING_ATTENTION_SEGMENT_LEN: force segments at small T
+    piece: int | None = None  # LIGHTNING_ATTENTION_PREPASS_LEN: the pre-pass on pieces of the segments
     strided: bool = False  # q, k, v, u split from one fused projection
 
 
@@ -67,6 +68,12 @@ CASES = [
     Case("segments-B2-nofinal-noh0", T=170, K=32, V=32, B=2, final=False, h0=False, decay="mixed", seg=48),
     Case("varlen-cpu-segments-nofinal", T=116, K=32, V=16, cu=(0, 0, 1, 16, 16, 116), cu_cpu=True, seg=32,
          final=False, h0=False),  # fmt: skip
+    # the pre-pass on pieces of the segments (the scan composes them): with the final state and h0 (every piece,
+    # ragged last one), and without (the forward skips the last segment's pieces, the reverse pass the first's)
+    Case("pieces-B2-final-h0", T=150, K=32, V=48, B=2, decay="mixed", seg=64, piece=16),
+    Case("pieces-B2-nofinal-noh0", T=190, K=32, V=32, B=2, final=False, h0=False, decay="mixed", seg=64, piece=32),
+    Case("pieces-bf16-nodecay-nofinal", T=200, K=64, V=64, dtype=torch.bfloat16, decay="none", final=False, seg=96,
+         piece=32),  # fmt: skip
     Case("segments-fp16-strong", T=150, K=32, V=64, dtype=torch.float16, decay="strong", seg=32, scale=2.0),
     Case("strided-fused-projection", T=100, K=64, V=48, B=2, strided=True, decay="mixed"),
     Case("strided-segments-fp16", T=130, K=32, V=32, strided=True, dtype=torch.float16, seg=32),
@@ -102,6 +109,8 @@ def make_inputs(case: Case, seed: int = 0):
 def check_case(case: Case, monkeypatch, backward: str = "chunk"):
     if case.seg is not None:
         monkeypatch.setenv("LIGHTNING_ATTENTION_SEGMENT_LEN", str(case.seg))
+    if case.piece is not None:
+        monkeypatch.setenv("LIGHTNING_ATTENTION_PREPASS_LEN", str(case.piece))
     q, k, v, slope, h0, cu, leaves = make_inputs(case)
     cu_cpu = cu.cpu() if case.cu_cpu else None
     o, ht = la.lightning_attn(
@@ -203,6 +212,60 @@ def test_fused_dkdv_walk_matches_float64(case, triton_backend):
 def test_segment_length_rule(length, programs, expected):
     """The segment plan on a 132-SM GPU (2 walk programs per SM), segments of at least 1,024 tokens (bf16, V = 128)."""
     assert chunk.best_segment_len(length, programs, slots=264, min_len=1024) == expected
+
+
+@pytest.mark.parametrize(
+    "length, programs, expected",
+    [
+        (16384, 128, 0),  # B = 4: 128 programs fit 132 SMs at one program each: whole sequences, no pre-pass
+        (32768, 64, 16384),  # B = 2: 2 segments of 16K (4 of 8K would run in 2 rounds: no faster, 3/4 pre-pass)
+        (65536, 32, 16384),  # B = 1: 4 of 16K
+        (8192, 256, 0),
+    ],
+)
+def test_segment_length_rule_at_one_program_per_sm(length, programs, expected):
+    """The plan on an H100 with the K = 128 walk's three-stage configuration (131 KB: one program per SM, 132 slots).
+    H100, bf16, B·T = 64K (benchmarks/results/h100-2026-11-22v/seg_probe_occ_*): whole 16K sequences fwd 0.463 ms
+    against 0.647 in 2 segments."""
+    assert chunk.best_segment_len(length, programs, slots=132, min_len=1024) == expected
+
+
+@pytest.mark.parametrize(
+    "seg_len, programs, expected",
+    [
+        (16384, 32, 8),  # B = 2, T = 32K: 2 segments, the first walked, 16 heads -> 8 pieces of 2,048 (the bound)
+        (16384, 48, 8),  # B = 1, T = 64K: 4 segments, 3 walked
+        (8192, 1024, 1),  # enough programs already
+        (8192, 128, 4),  # 528 / 128 -> 5 wanted, 4 allowed by the bound
+        (2048, 16, 1),  # nothing shorter than the bound
+        (3008, 16, 1),  # 47 chunks of 64: no divisor within the bound
+    ],
+)
+def test_prepass_split_rule(seg_len, programs, expected):
+    """Pre-pass pieces on a 132-SM GPU (264 pre-pass slots): up to twice that many programs, pieces of at least
+    2,048 tokens (bf16, V = 128: their states within 12.5% of one input)."""
+    split = chunk.prepass_split(seg_len, programs, slots=264, min_piece=2048)
+    assert split == expected
+    assert (seg_len // 64) % split == 0
+
+
+def test_waves_key_tells_grids_that_fit_one_program_per_sm(monkeypatch):
+    """The walk autotuner's WAVES key (kernels/walk.py): 1 for a grid that fits a 132-SM GPU at one program per SM,
+    2 for a larger one; 1 on the CPU."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(chunk, "_sm_count", lambda index: 132)
+    gpu = SimpleNamespace(is_cuda=True, device=SimpleNamespace(index=0))
+    assert (chunk._waves(gpu, 128), chunk._waves(gpu, 132), chunk._waves(gpu, 133)) == (1, 1, 2)
+    assert chunk._waves(torch.empty(0), 10_000) == 1
+
+
+def test_prepass_len_must_divide_the_segment(triton_backend):
+    triton_backend.setenv("LIGHTNING_ATTENTION_SEGMENT_LEN", "64")
+    triton_backend.setenv("LIGHTNING_ATTENTION_PREPASS_LEN", "48")
+    q = torch.randn(1, 130, 1, 16, device=DEVICE)
+    with pytest.raises(ValueError, match="PREPASS_LEN"):
+        la.lightning_attn(q, q, q, None)
 
 
 def test_gradcheck_float64_on_triton_path(triton_backend):

@@ -120,12 +120,12 @@ def test_torch_compile_fullgraph_varlen_inductor():
 def test_forward_fake_plans_segments_from_symbolic_cuda_sizes(monkeypatch):
     """The forward op's fake on CUDA tensors of symbolic size (torch.compile with dynamic shapes, op called directly):
     the segment plan is a search over ints, so the sizes specialise (guards) instead of failing to hash a SymInt.
-    No GPU needed: a fake tensor that says it is on CUDA, and a GPU of 132 SMs."""
+    No GPU needed: a fake tensor that says it is on CUDA, and a GPU that runs 264 walk programs at once."""
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
     monkeypatch.delenv("LIGHTNING_ATTENTION_SEGMENT_LEN", raising=False)
-    monkeypatch.setattr(chunk, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(chunk, "_walk_slots", lambda index, DK, DV, elem_bytes: 264)  # 132 SMs, 2 programs each
     shape_env = ShapeEnv()
     mode = FakeTensorMode(shape_env=shape_env)
     dynamic = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * 2 + [DimDynamic.STATIC] * 2)
@@ -138,7 +138,7 @@ def test_forward_fake_plans_segments_from_symbolic_cuda_sizes(monkeypatch):
         o, ht, states = chunk.chunk_fwd_op._abstract_fn(q, q, q, None, None, None, None, 1.0, False)
         _, _, no_states = chunk.chunk_fwd_op._abstract_fn(q, q, q, None, None, None, None, 1.0, False, 0, False)
     assert o.shape == q.shape and ht.shape == (0,)
-    assert states.shape == (8, 16, 128, 128)  # 4 sequences x 2 segments of 8K (132 SMs): the plan of these sizes
+    assert states.shape == (8, 16, 128, 128)  # 4 sequences x 2 segments of 8K (264 slots): the plan of these sizes
     assert shape_env.guards  # ... specialised on them
     assert no_states.shape == (0,)  # save_states=False (what LightningAttnFunction passes while compiling)
 

@@ -23,6 +23,9 @@ Environment:
     CUDA, as many as minimise the estimated time (:func:`best_segment_len`). Tests use it to run the segmented path
     at small T under the interpreter. Varlen batches are segmented only when ``cu_seqlens_cpu`` is given (cutting
     sequences needs their lengths on the host, and a device->host copy would synchronise).
+``LIGHTNING_ATTENTION_PREPASS_LEN``
+    Force the pre-pass of a segmented fixed-length batch onto pieces of this many tokens (a multiple of 16 dividing
+    the segment length; ``0``: the walk's segments). Default: pieces only on CUDA, see :func:`prepass_split`.
 ``LIGHTNING_ATTENTION_KERNEL_CONFIG``
     Pin one launch configuration, see :mod:`lightning_attention.ops.lightning.kernels.configs`.
 ``LIGHTNING_ATTENTION_DKDV``
@@ -42,6 +45,7 @@ import triton.language as tl
 from lightning_attention.backend import plain_eager
 from lightning_attention.ops.lightning import naive
 from lightning_attention.ops.lightning.kernels.configs import (
+    SHARED_PER_SM,
     cdiv,
     dkdv_state_bytes,
     inter_only_config,
@@ -49,6 +53,7 @@ from lightning_attention.ops.lightning.kernels.configs import (
     padded_dim,
     shared_limit,
     use_dkdv_walk,
+    walk_programs_per_sm,
     walk_tile,
 )
 from lightning_attention.ops.lightning.kernels.dkdv_walk import lightning_dkdv_fixed_bt_kernel, lightning_dkdv_kernel
@@ -62,6 +67,7 @@ from lightning_attention.ops.lightning.kernels.walk import (
 
 ENV_SEGMENT_LEN = "LIGHTNING_ATTENTION_SEGMENT_LEN"
 ENV_DKDV = "LIGHTNING_ATTENTION_DKDV"
+ENV_PREPASS_LEN = "LIGHTNING_ATTENTION_PREPASS_LEN"
 MAX_HEAD_DIM = 256
 # the backward="auto" rule: the chunk backward wants >= 128 KB of shared memory per block (DESIGN §2)
 CHUNK_BACKWARD_MIN_SHARED = 128 * 1024
@@ -89,14 +95,29 @@ class SegmentPlan:
     cu_seqlens: torch.Tensor | None = None
 
 
+def _device_index(x: torch.Tensor) -> int:
+    return x.device.index if x.device.index is not None else torch.cuda.current_device()
+
+
 @functools.lru_cache(maxsize=None)
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-# walk programs resident per SM at once (the preferred configuration: 255 registers × 128 threads, or one 8-warp
-# program per V = 128 tile); a grid of fewer programs than this × SMs leaves tensor cores idle
-WALK_PROGRAMS_PER_SM = 2
+@functools.lru_cache(maxsize=None)
+def _walk_slots(index: int, DK: int, DV: int, elem_bytes: int) -> int:
+    """Walk programs the GPU runs at once (SMs × :func:`configs.walk_programs_per_sm`): a grid of fewer leaves SMs
+    idle, a grid of more runs in rounds."""
+    props = torch.cuda.get_device_properties(index)
+    cc = props.major * 10 + props.minor
+    block_limit = getattr(props, "shared_memory_per_block_optin", 0) or shared_limit(cc)
+    sm_shared = getattr(props, "shared_memory_per_multiprocessor", 0) or SHARED_PER_SM.get(cc, block_limit)
+    return _sm_count(index) * walk_programs_per_sm(DK, DV, elem_bytes, block_limit, sm_shared)
+
+
+# pre-pass programs resident per SM (its tuned configurations: one 8-warp program with BV = 128, or two or three
+# 4-warp programs with BV = 64)
+PREPASS_PROGRAMS_PER_SM = 2
 # a segmented pass costs about this much more than one walk over the same segments: the pre-pass reads (k, v) or
 # (q, do) again (forward 6 tensor passes instead of 4; backward 14 instead of 10)
 SEGMENTED_COST = 1.5
@@ -115,7 +136,7 @@ def _segment_len(x: torch.Tensor, lengths_total: int, num_seqs: int, H: int, DV:
     # symbolic sizes (a fake call of the forward op under torch.compile with save_states): the plan is a search over
     # ints, so they specialise here (LightningAttnFunction does not ask for states while compiling)
     lengths_total, num_seqs, H, DV = int(lengths_total), int(num_seqs), int(H), int(DV)
-    slots = WALK_PROGRAMS_PER_SM * _sm_count(x.device.index if x.device.index is not None else torch.cuda.current_device())
+    slots = _walk_slots(_device_index(x), int(x.shape[-1]), DV, x.element_size())
     # a segment's fp32 state (4·K·V bytes) must stay within 25% of its q tile (seg·K·elem bytes): seg >= 16·V/elem
     min_len = max(256, 16 * DV // x.element_size())
     return best_segment_len(cdiv(lengths_total, num_seqs), num_seqs * H * cdiv(DV, 64), slots, min_len)
@@ -246,6 +267,7 @@ def _walk(
         *_state_strides(h0), *_state_strides(ht), *_state_strides(states),
         float(scale_intra), float(scale_inter), float(scale_upd),
         T, H, plan.per_seq, plan.seg_len, inter_chunk if not state_only else 0,
+        _waves(q, cdiv(DV, 64) * H * total),
     )  # fmt: skip
     constexprs = dict(
         DK=DK, DV=DV, BK=walk_tile(DK),
@@ -267,6 +289,12 @@ def _walk(
         launcher = _INTER_WALK
         constexprs.update(_inter_only_config(inter_only_tile(inter_chunk), DK, DV))
     launcher(grid, args, constexprs, q)
+
+
+def _waves(x: torch.Tensor, programs: int) -> int:
+    """The walk autotuner's WAVES key: 1 when ``programs`` (at 64-wide value tiles) fit the GPU at one per SM, else 2
+    (on the CPU: 1)."""
+    return 1 if not x.is_cuda or programs <= _sm_count(_device_index(x)) else 2
 
 
 def _fused_dkdv_enabled(q: torch.Tensor, DK: int, DV: int) -> bool:
@@ -322,22 +350,91 @@ def _dkdv(q, k, v, do, dk, dv, *, slope, dht, dh0, g_states, plan, T, H, scale, 
     launcher((H * plan.total,), args, constexprs, q)
 
 
-def _scan(states, *, slope, h0, ht, plan, N, H, T, reverse):
-    """Incoming state of every segment (in place in ``states`` [NSEG, H, DK, DV]) and the final state into ``ht``."""
+@dataclass(frozen=True)
+class PrepassPieces:
+    """How the pre-pass cuts a fixed-length batch's walk segments: ``split`` pieces of ``piece_len`` tokens per
+    segment, over tokens ``[lo, hi)`` of every sequence, ``count`` pieces per sequence, the first of them being piece
+    ``first`` of its sequence. ``split == 1``: the walk's own segments, all of them, in place (see the scan)."""
+
+    split: int
+    piece_len: int
+    lo: int
+    hi: int
+    count: int
+    first: int
+
+
+def _prepass_pieces(x: torch.Tensor, plan: SegmentPlan, T: int, H: int, DV: int, skip_final: bool, reverse: bool):
+    """The pre-pass's pieces of a segmented plan (:func:`prepass_split`; varlen plans: the walk's segments).
+
+    ``skip_final``: the walk's last segment in walk order (the first one of a reverse walk) is left out: its local
+    state only feeds the final state."""
+    split = 1
+    if plan.varlen == 0:
+        forced = os.environ.get(ENV_PREPASS_LEN, "").strip()
+        if forced and int(forced):
+            piece = int(forced)
+            if piece % 16 or plan.seg_len % piece:
+                raise ValueError(
+                    f"{ENV_PREPASS_LEN} must be a multiple of 16 that divides the segment length {plan.seg_len}, "
+                    f"got {piece}"
+                )
+            split = plan.seg_len // piece
+        elif x.is_cuda:
+            walked = plan.total - (plan.total // plan.per_seq if skip_final else 0)
+            # the pieces' states within 12.5% of one input: 4·V / (piece·elem) <= 1/8
+            min_piece = max(256, 32 * DV // x.element_size())
+            slots = PREPASS_PROGRAMS_PER_SM * _sm_count(_device_index(x))
+            split = prepass_split(plan.seg_len, walked * H, slots, min_piece)
+    if split == 1:
+        return PrepassPieces(1, plan.seg_len, 0, T, plan.per_seq, 0)
+    piece = plan.seg_len // split
+    lo = plan.seg_len if skip_final and reverse else 0
+    hi = (plan.per_seq - 1) * plan.seg_len if skip_final and not reverse else T
+    return PrepassPieces(split, piece, lo, hi, cdiv(hi - lo, piece), lo // piece)
+
+
+@functools.lru_cache(maxsize=4096)
+def prepass_split(seg_len: int, programs: int, slots: int, min_piece: int) -> int:
+    """Pieces per walk segment for the pre-pass (1 = the walk's own segments).
+
+    The pre-pass reads (k, v) once and keeps no q or o: with enough programs it is bound by bandwidth, but one
+    program per (walked segment, head) leaves it bound by latency when segments are long and few (H100, B = 2,
+    T = 32K in 2 segments: 32 programs walking 16K tokens each). So each segment is cut into pieces of at least
+    ``min_piece`` tokens (a multiple of 64 dividing ``seg_len``) until ``programs`` × pieces reaches twice ``slots``
+    (the pre-pass programs the GPU runs at once); the scan composes the pieces.
+    """
+    want = cdiv(2 * slots, max(programs, 1))
+    best = 1
+    if want <= 1:
+        return best
+    for split in range(2, seg_len // max(min_piece, 64) + 1):
+        if (seg_len // 64) % split:
+            continue
+        best = split
+        if split >= want:
+            break
+    return best
+
+
+def _scan(states, pieces_states, pieces: PrepassPieces, *, slope, h0, ht, plan, N, H, T, reverse):
+    """Incoming state of every segment into ``states`` [NSEG, H, DK, DV] from the pre-pass's local states
+    ``pieces_states`` ([N·pieces.count, H, DK, DV], or ``states`` itself when pieces.split == 1); the final state
+    into ``ht``."""
     DK, DV = states.shape[-2], states.shape[-1]
     BK = min(64, padded_dim(DK))
     BV = min(64, padded_dim(DV))
     dummy = states
     grid = (N * H, cdiv(DK, BK), cdiv(DV, BV))
     args = (
-        states,
+        states, pieces_states,
         dummy if h0 is None else h0,
         dummy if ht is None else ht,
         dummy if slope is None else slope,
         dummy if plan.seq_segs is None else plan.seq_segs,
         dummy if plan.seg_table is None else plan.seg_table,
-        *states.stride(), *_state_strides(h0), *_state_strides(ht),
-        T, H, plan.per_seq, plan.seg_len,
+        *states.stride(), *pieces_states.stride(), *_state_strides(h0), *_state_strides(ht),
+        T, H, plan.per_seq, plan.seg_len, pieces.count, pieces.piece_len, pieces.first, pieces.split,
     )  # fmt: skip
     constexprs = dict(
         DK=DK, DV=DV, BK=BK, BV=BV,
@@ -352,17 +449,41 @@ def _scan(states, *, slope, h0, ht, plan, N, H, T, reverse):
     _SCAN(grid, args, constexprs, states)
 
 
+def _prepass(k, v, states, pieces: PrepassPieces, *, slope, plan, N, H, T, scale_upd, reverse, skip_final):
+    """The pre-pass (STATE_ONLY walk over (k, v)): the local state of every walk segment, in place in ``states``
+    [NSEG, H, DK, DV] (``pieces.split == 1``), or of every piece, into a buffer of its own [N·pieces.count, H, DK,
+    DV] that lives until the scan. Returns where the local states are."""
+    if pieces.split == 1:
+        _walk(
+            k, k, v, None, slope=slope, h0=None, ht=None, states=states, plan=plan, T=T, H=H, scale_intra=1.0,
+            scale_inter=1.0, scale_upd=scale_upd, reverse=reverse, state_only=True, skip_final=skip_final,
+        )  # fmt: skip
+        return states
+    local = torch.empty(N * pieces.count, *states.shape[1:], device=states.device, dtype=states.dtype)
+    piece_plan = SegmentPlan(varlen=0, segmented=True, total=N * pieces.count, per_seq=pieces.count,
+                             seg_len=pieces.piece_len)  # fmt: skip
+    k, v = k[:, pieces.lo : pieces.hi], v[:, pieces.lo : pieces.hi]  # a skipped segment's tokens are outside
+    _walk(
+        k, k, v, None, slope=slope, h0=None, ht=None, states=local, plan=piece_plan, T=pieces.hi - pieces.lo, H=H,
+        scale_intra=1.0, scale_inter=1.0, scale_upd=scale_upd, reverse=reverse, state_only=True,
+    )  # fmt: skip
+    return local
+
+
 def _segmented_states(k, v, *, slope, h0, ht, plan, N, H, T, scale_upd, reverse):
     """Pre-pass + scan: [NSEG, H, DK, DV] incoming states of the walk over (k, v); writes the final state to ht.
 
     Without ``ht`` the pre-pass skips each sequence's last segment in walk order (its local state only feeds the
-    final state): at 2 segments per sequence that halves the pre-pass's reads."""
+    final state): at 2 segments per sequence that halves the pre-pass's reads. On fixed-length batches the pre-pass
+    may run on pieces of the segments (:func:`prepass_split`)."""
     states = torch.empty(plan.total, H, k.shape[-1], v.shape[-1], device=k.device, dtype=naive.compute_dtype(k.dtype))
-    _walk(
-        k, k, v, None, slope=slope, h0=None, ht=None, states=states, plan=plan, T=T, H=H,
-        scale_intra=1.0, scale_inter=1.0, scale_upd=scale_upd, reverse=reverse, state_only=True, skip_final=ht is None,
+    skip_final = ht is None
+    pieces = _prepass_pieces(k, plan, T, H, v.shape[-1], skip_final, reverse)
+    local = _prepass(
+        k, v, states, pieces, slope=slope, plan=plan, N=N, H=H, T=T, scale_upd=scale_upd, reverse=reverse,
+        skip_final=skip_final,
     )  # fmt: skip
-    _scan(states, slope=slope, h0=h0, ht=ht, plan=plan, N=N, H=H, T=T, reverse=reverse)
+    _scan(states, local, pieces, slope=slope, h0=h0, ht=ht, plan=plan, N=N, H=H, T=T, reverse=reverse)
     return states
 
 

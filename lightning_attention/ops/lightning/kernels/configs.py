@@ -39,12 +39,16 @@ _SPACE = (
 # H100, bf16, triton 3.6, pinned sweeps (benchmarks/results/h100-2026-11-22n/chunk_sweep_d*.json, -r), each checked
 # against float64 (h100-2026-11-22o/inter_debug_dims.log, -r/inter_debug_stages.log). K = 64 (B = 4, T = 16K):
 # fwd+bwd 0.98 ms with 3 stages, 1.04 with 2, 1.16 for (64, 64, 4, 1). K = 128 (B = 4, T = 16K): 2.37 ms with 3
-# stages, 2.64 with 1, 3.21 with 4 (each walk pass 9-12% faster: the loads are pipelined). K = 256 (B = 16, T = 4K):
-# every configuration spills the state; 10.0 ms for (64, 64, 8, 2), 10.35 for (64, 64, 4, 1) (9.26 for
-# (64, 32, 4, 1), which is wrong: WALK_MIN_TILE)
+# stages, 2.64 with 1, 3.21 with 4 (each walk pass 9-12% faster: the loads are pipelined); 3 against 2 stages
+# (h100-2026-11-22v/chunk_sweep_d128_s2_*.json, 2 stages checked in verify_d128_s2.log): fwd 0.466 / 0.487 ms,
+# fwd+bwd 1.96 / 1.90 at B = 8, T = 8K, so both are tuned, apart for grids that fit the GPU at one program per SM
+# and larger ones (the WAVES key, kernels/walk.py), and each pass keeps its faster one. K = 256 (B = 16,
+# T = 4K): every configuration spills the state; 10.0 ms for (64, 64, 8, 2), 10.35 for (64, 64, 4, 1) (9.26 for
+# (64, 32, 4, 1), which is wrong: WALK_MIN_TILE); 128-token chunks with 8 warps (no duplicated 64-row products)
+# 9.82 ms fwd+bwd and 2.58 fwd against 10.01 / 2.50 (h100-2026-11-22v/chunk_sweep_d256_bt128.json): no gain
 PREFERRED_BY_BK = {
     64: ((64, 64, 4, 2), (64, 64, 4, 3)),
-    128: ((64, 64, 4, 3), (64, 64, 4, 1)),
+    128: ((64, 64, 4, 3), (64, 64, 4, 2)),
     256: ((64, 64, 8, 2), (64, 64, 4, 1)),
 }
 
@@ -105,6 +109,14 @@ MAX_TUNED_FP32 = 1
 
 # per-block shared memory limits (bytes) of the targets we build for; the device query wins when a GPU is present
 SHARED_LIMITS = {80: 166_912, 86: 101_376, 89: 101_376, 90: 232_448, 100: 232_448, 120: 101_376}
+# per-SM shared memory (bytes) and registers, for the occupancy of the walk (the segment plan's slots); the device
+# query wins when a GPU is present
+SHARED_PER_SM = {80: 167_936, 86: 102_400, 89: 102_400, 90: 233_472, 100: 233_472, 120: 102_400}
+REGISTERS_PER_SM = 65_536
+# the walks compile to the 255-register cap (ptxas on sm_90), allocated per thread in units of 8
+WALK_REGISTERS_PER_THREAD = 256
+# shared memory the driver reserves per resident block
+RESERVED_SHARED_PER_BLOCK = 1024
 
 
 def _parse_pinned(text: str) -> triton.Config:
@@ -200,6 +212,30 @@ def estimate_shared_bytes(BT: int, BK: int, BV: int, num_stages: int, elem_bytes
         # K = 128 with 3 stages, 172,032 with 4; 73,728 at K = 64 with 3; h100-2026-11-22r/chunk_sweep_d*.json)
         estimate = max(estimate, num_stages * BT * (2 * BK + BV) * elem_bytes + scores)
     return estimate
+
+
+def estimate_resident_shared_bytes(BT: int, BK: int, BV: int, num_stages: int, elem_bytes: int) -> int:
+    """Shared memory of one main-walk program as compiled for 16-bit inputs on sm_90, for the occupancy model (not
+    for fitting: :func:`estimate_shared_bytes` is the upper bound over every precision).
+
+    A q, k and v tile per pipeline stage (one without pipelining), the [BT, BT] score tile and the [BK, BV] state as
+    the inter product's 16-bit operand. Compiled (triton 3.6 and 3.8, bf16, BT = BV = 64): K = 128 57,344 / 90,112 /
+    131,072 B with 1 / 2 / 3 stages (this estimate: 65,536 / 106,496 / 147,456); K = 256, 2 stages 172,032 (188,416).
+    """
+    return max(1, num_stages) * BT * (2 * BK + BV) * elem_bytes + BT * BT * elem_bytes + BK * BV * 2
+
+
+def walk_programs_per_sm(DK: int, DV: int, elem_bytes: int, block_limit: int, sm_shared: int) -> int:
+    """How many programs of the main walk's first configuration (the one the dispatcher tries first) one SM runs at
+    once: bounded by shared memory (``sm_shared`` bytes per SM, the configuration chosen under ``block_limit`` per
+    block) and by registers. On an H100, bf16: K = 128 with three stages 1 (131 KB each), with two or one 2 (by
+    registers); K = 64 2; K = 256 (8 warps) 1."""
+    cfg = select_configs(walk_autotune_configs(), DK, DV, elem_bytes, block_limit, prefer=True)[0]
+    BT, BV = cfg.kwargs["BT"], cfg.kwargs["BV"]
+    shared = estimate_resident_shared_bytes(BT, walk_tile(DK), BV, cfg.num_stages, elem_bytes)
+    by_shared = sm_shared // (shared + RESERVED_SHARED_PER_BLOCK)
+    by_registers = REGISTERS_PER_SM // (cfg.num_warps * 32 * WALK_REGISTERS_PER_THREAD)
+    return max(1, min(by_shared, by_registers))
 
 
 def estimate_dkdv_shared_bytes(BT: int, BK: int, BV: int, num_stages: int, elem_bytes: int, state_bytes: int) -> int:

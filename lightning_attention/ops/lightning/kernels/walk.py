@@ -93,7 +93,7 @@ def decayed_scores(b_a, r, c, scale, HAS_DECAY: tl.constexpr, ACC: tl.constexpr)
 
 # batch strides stay specialisable (divisibility by 16 gives the compiler aligned, vectorised loads; T·H·K is a
 # multiple of 16 for any K that is): only lengths and counts are runtime values
-@triton.jit(do_not_specialize=["T", "NS", "SEG", "CS"])
+@triton.jit(do_not_specialize=["T", "NS", "SEG", "CS", "WAVES"])
 def _walk_kernel(
     q,  # [B, T, H, DK] (strided, last dim contiguous)
     k,  # [B, T, H, DK]
@@ -117,6 +117,7 @@ def _walk_kernel(
     scale_upd,  # multiplies k_tᵀ v_t in the state update
     T, H, NS, SEG,
     CS,  # tokens per chunk when > 0 (the inter-only mode, any multiple of 16 <= BT), else BT
+    WAVES,  # 1: the grid fits the GPU at one program per SM, else 2; unused here: a key of the autotuner
     DK: tl.constexpr, DV: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     VARLEN: tl.constexpr,
@@ -252,7 +253,12 @@ def _walk_kernel(
 
 # tuning results cached on disk where this Triton has the option (3.3+): a new process skips the tuning runs
 _CACHE = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
-_AUTOTUNE_KEY = ["DK", "DV", "VARLEN", "REVERSE", "HAS_DECAY", "STATE_ONLY", "SEG_IN", "USE_H0", "INTER_ONLY"]
+# WAVES: whether the grid fits the GPU in one round decides the best pipeline depth (K = 128 on an H100: three
+# stages, one program per SM, for a grid of <= 132 programs; two stages, two per SM, for the backward's walks of
+# larger grids), so the two are tuned apart; the rest of the shape (T, batch) is left out of the key
+_AUTOTUNE_KEY = [
+    "DK", "DV", "VARLEN", "REVERSE", "HAS_DECAY", "STATE_ONLY", "SEG_IN", "USE_H0", "INTER_ONLY", "WAVES",
+]  # fmt: skip
 
 # BT and BV tuned: the full op (its chunk size is an implementation detail)
 lightning_walk_kernel = triton.autotune(
@@ -275,18 +281,24 @@ lightning_state_kernel = triton.autotune(
 lightning_inter_walk_kernel = _walk_kernel
 
 
-@triton.jit(do_not_specialize=["T", "NS", "SEG"])
+@triton.jit(do_not_specialize=["T", "NS", "SEG", "FNS", "FSEG", "F0", "SPLIT"])
 def lightning_scan_kernel(
-    states,  # [NSEG, H, DK, DV] in: segment-local states; out: incoming state of each segment
+    states,  # [NSEG, H, DK, DV] out: incoming state of each segment
+    pieces,  # [NP, H, DK, DV] in: local states from the pre-pass (may be ``states`` itself when SPLIT == 1)
     h0,  # [N, H, DK, DV] initial state (forward) or dht (reverse), strided
     ht,  # [N, H, DK, DV] final state (forward) or dh0 (reverse)
     slope,  # [H]
     seq_segs,  # [N + 1] int32: the segments of sequence n are seq_segs[n] .. seq_segs[n+1]-1 (VARLEN 2)
     seg_table,  # [NSEG, 4] int32 (VARLEN 2)
     sst_n, sst_h, sst_k, sst_v,
+    sp_n, sp_h, sp_k, sp_v,
     sh0_n, sh0_h, sh0_k, sh0_v,
     sht_n, sht_h, sht_k, sht_v,
     T, H, NS, SEG,
+    FNS,  # VARLEN 0: pieces per sequence in ``pieces``
+    FSEG,  # VARLEN 0: tokens per piece (SEG = SPLIT · FSEG)
+    F0,  # VARLEN 0: index within its sequence of the piece at pieces[n·FNS] (earlier pieces were not computed)
+    SPLIT,  # VARLEN 0: pieces per walk segment
     DK: tl.constexpr, DV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
     VARLEN: tl.constexpr,
@@ -298,7 +310,11 @@ def lightning_scan_kernel(
 ):
     """Decayed scan over segments, in walk order: in(0) = h0, in(j+1) = λ^(len_j - 1 + d0) in(j) + local(j).
 
-    One program per (sequence, head, [BK, BV] tile of the state); the buffer is rewritten in place.
+    The pre-pass may cut each walk segment into SPLIT pieces (more programs for a pre-pass that would otherwise be
+    bound by latency; fixed-length batches only): local(j) is then the scan of its pieces, and only the walk
+    segments' incoming states are stored. Pieces the pre-pass did not compute (those of a segment whose local state
+    only feeds an unwanted final state) lie outside ``pieces`` and add nothing. With SPLIT == 1 ``pieces`` may alias
+    ``states``: each slot is read before it is rewritten. One program per (sequence, head, [BK, BV] state tile).
     """
     i_nh = tl.program_id(0)
     i_k = tl.program_id(1)
@@ -314,6 +330,8 @@ def lightning_scan_kernel(
     m_kv = (o_k < DK)[:, None] & (o_v < DV)[None, :]
     i_n64 = tl.cast(i_n, tl.int64)
     i_h64 = tl.cast(i_h, tl.int64)
+    tile_s = i_h64 * sst_h + o_k[:, None] * sst_k + o_v[None, :] * sst_v
+    tile_p = i_h64 * sp_h + o_k[:, None] * sp_k + o_v[None, :] * sp_v
 
     b_s = tl.zeros([BK, BV], dtype=ACC)
     if USE_H0:
@@ -331,26 +349,54 @@ def lightning_scan_kernel(
     else:
         d0 = i_n * 0 + 1
 
-    for w in range(0, n_segs):
+    # one flat loop over the pieces in walk order (no nested loop: the loads do not depend on the carried state,
+    # so the compiler can issue them ahead); a piece that enters its segment first stores the segment's incoming
+    # state. SPLIT == 1 or VARLEN 2: every piece is a segment, read before its slot is rewritten.
+    if VARLEN == 0:
+        n_pieces = FNS
+    else:
+        n_pieces = n_segs
+    for u in tl.range(0, n_pieces, num_stages=3):
         if REVERSE:
-            i_s = s_lo + n_segs - 1 - w
+            f = n_pieces - 1 - u
         else:
-            i_s = s_lo + w
+            f = u
         if VARLEN == 0:
-            j = i_s - s_lo
-            seg_len = tl.minimum(SEG, T - j * SEG)
+            i_p = i_n * FNS + f
+            g = f + F0  # the piece's index in its sequence
+            piece_len = tl.minimum(FSEG, T - g * FSEG)
+            j = g // SPLIT
+            if REVERSE:  # a reverse walk enters a segment at its last piece (the sequence's last for the last one)
+                enters = ((g + 1) % SPLIT == 0) | ((g + 1) * FSEG >= T)
+            else:
+                enters = g % SPLIT == 0
         else:
-            seg_len = tl.load(seg_table + i_s * 4 + 2) - tl.load(seg_table + i_s * 4 + 1)
-        p_s = states + tl.cast(i_s, tl.int64) * sst_n + i_h64 * sst_h + o_k[:, None] * sst_k + o_v[None, :] * sst_v
-        b_local = tl.load(p_s, mask=m_kv, other=0.0).to(ACC)
-        tl.store(p_s, b_s.to(states.dtype.element_ty), mask=m_kv)
+            i_p = s_lo + f
+            piece_len = tl.load(seg_table + i_p * 4 + 2) - tl.load(seg_table + i_p * 4 + 1)
+            j = f
+            enters = u >= 0
+        b_local = tl.load(pieces + tl.cast(i_p, tl.int64) * sp_n + tile_p, mask=m_kv, other=0.0).to(ACC)
+        if enters:
+            tl.store(states + tl.cast(s_lo + j, tl.int64) * sst_n + tile_s, b_s.to(states.dtype.element_ty), mask=m_kv)
         if HAS_DECAY:
             # an empty segment (a zero-length sequence) leaves the state as it is
-            dec = tl.where(seg_len > 0, tl.exp2(-c * tl.maximum(seg_len - 1 + d0, 0).to(ACC)), 1.0)
+            dec = tl.where(piece_len > 0, tl.exp2(-c * tl.maximum(piece_len - 1 + d0, 0).to(ACC)), 1.0)
             b_s = b_s * dec + b_local
         else:
             b_s = b_s + b_local
-        d0 = tl.where(seg_len > 0, 1, d0)
+        d0 = tl.where(piece_len > 0, 1, d0)
+    if VARLEN == 0:
+        # the one segment without pieces (its local state only feeds an unwanted final state): the last one in walk
+        # order, whose incoming state is the state after every piece
+        if REVERSE:
+            if F0 > 0:
+                tl.store(states + tl.cast(s_lo, tl.int64) * sst_n + tile_s, b_s.to(states.dtype.element_ty), mask=m_kv)
+        else:
+            if F0 + FNS <= (NS - 1) * SPLIT:
+                tl.store(
+                    states + tl.cast(s_lo + NS - 1, tl.int64) * sst_n + tile_s, b_s.to(states.dtype.element_ty),
+                    mask=m_kv,
+                )
 
     if STORE_HT:
         if REVERSE:
