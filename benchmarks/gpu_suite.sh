@@ -114,7 +114,8 @@ for stage in ${stages//,/ }; do
         timing_twowalk) run timing_twowalk 90 env LIGHTNING_ATTENTION_DKDV=0 python3 benchmarks/chunk_timing.py \
                             --lengths 2048,32768 --long "" --out "$res/chunk_timing_twowalk.json" ;;
         profile) run profile 100 python3 benchmarks/chunk_profile.py --out "$res/chunk_profile.json" ;;
-        tests_chunk) run tests_chunk 130 python3 -m pytest -q -m gpu -p no:cacheprovider tests/ops/test_chunk_gpu.py ;;
+        # one process (no xdist): 130 s cut it after 11 tests once each walk tunes per WAVES class (h100-2026-11-22z3)
+        tests_chunk) run tests_chunk 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/ops/test_chunk_gpu.py ;;
         tests_chunk_cuda) run tests_chunk_cuda "${TESTS_CHUNK_CUDA_S:-280}" python3 -m pytest -q -p no:cacheprovider -n 10 \
                               --durations=15 tests/ops/test_chunk.py tests/ops/test_library.py ;;
         # issue 4, small and large head dims: where a K = V = 64 segmented fwd+bwd spends its time (host split, kernels,
