@@ -454,18 +454,16 @@ def _prepass(k, v, states, pieces: PrepassPieces, *, slope, plan, N, H, T, scale
     [NSEG, H, DK, DV] (``pieces.split == 1``), or of every piece, into a buffer of its own [N·pieces.count, H, DK,
     DV] that lives until the scan. Returns where the local states are."""
     if pieces.split == 1:
-        _walk(
-            k, k, v, None, slope=slope, h0=None, ht=None, states=states, plan=plan, T=T, H=H, scale_intra=1.0,
-            scale_inter=1.0, scale_upd=scale_upd, reverse=reverse, state_only=True, skip_final=skip_final,
-        )  # fmt: skip
-        return states
-    local = torch.empty(N * pieces.count, *states.shape[1:], device=states.device, dtype=states.dtype)
-    piece_plan = SegmentPlan(varlen=0, segmented=True, total=N * pieces.count, per_seq=pieces.count,
-                             seg_len=pieces.piece_len)  # fmt: skip
-    k, v = k[:, pieces.lo : pieces.hi], v[:, pieces.lo : pieces.hi]  # a skipped segment's tokens are outside
+        local = states
+    else:
+        local = torch.empty(N * pieces.count, *states.shape[1:], device=states.device, dtype=states.dtype)
+        plan = SegmentPlan(varlen=0, segmented=True, total=N * pieces.count, per_seq=pieces.count,
+                           seg_len=pieces.piece_len)  # fmt: skip
+        k, v, T = k[:, pieces.lo : pieces.hi], v[:, pieces.lo : pieces.hi], pieces.hi - pieces.lo
+        skip_final = False  # a skipped segment's tokens are outside [lo, hi)
     _walk(
-        k, k, v, None, slope=slope, h0=None, ht=None, states=local, plan=piece_plan, T=pieces.hi - pieces.lo, H=H,
-        scale_intra=1.0, scale_inter=1.0, scale_upd=scale_upd, reverse=reverse, state_only=True,
+        k, k, v, None, slope=slope, h0=None, ht=None, states=local, plan=plan, T=T, H=H, scale_intra=1.0,
+        scale_inter=1.0, scale_upd=scale_upd, reverse=reverse, state_only=True, skip_final=skip_final,
     )  # fmt: skip
     return local
 
