@@ -14,12 +14,15 @@ mkdir -p "$res" "$out"
 export PYTHONUNBUFFERED=1
 eval "$(bash benchmarks/gpu_setup.sh . | tail -n 1)"
 export PYTHONPATH="$PWD:$PYTHONPATH"  # the repo itself, no install step on the offline machine
-# compiled kernels survive between calls: carry .tcache (git-ignored), unpacked from the last call's tcache.tgz
+# compiled kernels survive between calls: carry .tcache_pack (ours) and/or .tcache_pack_fla (FLA's, for the
+# baselines), git-ignored, each the split tar of a Triton cache (stage pack_cache; a call carries at most 64 MiB)
 export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$PWD/.tcache}"
 mkdir -p "$TRITON_CACHE_DIR"
-if [ -d .tcache_pack ] && ls .tcache_pack/tcache.part-* >/dev/null 2>&1; then
-    cat .tcache_pack/tcache.part-* | tar xzf - -C "$TRITON_CACHE_DIR" && echo "triton cache: $(du -sh "$TRITON_CACHE_DIR")"
-fi
+for pack in .tcache_pack .tcache_pack_fla; do
+    if [ -d "$pack" ] && ls "$pack"/tcache.part-* >/dev/null 2>&1; then
+        cat "$pack"/tcache.part-* | tar xzf - -C "$TRITON_CACHE_DIR" && echo "triton cache + $pack: $(du -sh "$TRITON_CACHE_DIR")"
+    fi
+done
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$res/machine.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$res/machine.txt"
 
@@ -31,6 +34,17 @@ SWEEP_D256+=";BT=32,BV=32,num_warps=4,num_stages=1;BT=64,BV=128,num_warps=8,num_
 SWEEP_D256_BT128="BT=128,BV=64,num_warps=8,num_stages=1;BT=64,BV=64,num_warps=8,num_stages=2;BT=128,BV=64,num_warps=4,num_stages=1"
 SWEEP_D64="BT=64,BV=64,num_warps=4,num_stages=1;BT=64,BV=64,num_warps=8,num_stages=1;BT=64,BV=32,num_warps=4,num_stages=1"
 SWEEP_D64+=";BT=32,BV=64,num_warps=4,num_stages=1;BT=128,BV=64,num_warps=8,num_stages=1;BT=64,BV=64,num_warps=4,num_stages=2"
+
+UNCHAIN_D128="BT=64,BV=64,num_warps=4,num_stages=3;BT=64,BV=64,num_warps=4,num_stages=2;BT=64,BV=64,num_warps=8,num_stages=2"
+UNCHAIN_D128+=";BT=64,BV=64,num_warps=8,num_stages=3;BT=64,BV=128,num_warps=8,num_stages=2;BT=128,BV=64,num_warps=8,num_stages=2"
+UNCHAIN_D128_OLD="BT=64,BV=64,num_warps=4,num_stages=3;BT=64,BV=64,num_warps=4,num_stages=2;BT=64,BV=128,num_warps=8,num_stages=2"
+UNCHAIN_D128_LONG="BT=64,BV=64,num_warps=4,num_stages=3;BT=64,BV=64,num_warps=8,num_stages=3;BT=64,BV=128,num_warps=8,num_stages=2"
+UNCHAIN_D128_LONG_OLD="BT=64,BV=64,num_warps=4,num_stages=3"
+UNCHAIN_D256="BT=64,BV=64,num_warps=8,num_stages=2;BT=64,BV=64,num_warps=4,num_stages=1"
+UNCHAIN_D256_OLD="BT=64,BV=64,num_warps=8,num_stages=2"
+UNCHAIN_D64="BT=64,BV=64,num_warps=4,num_stages=2;BT=64,BV=64,num_warps=4,num_stages=3;BT=64,BV=64,num_warps=8,num_stages=2"
+UNCHAIN_D64_OLD="BT=64,BV=64,num_warps=4,num_stages=2"
+UNCHAIN_VERIFY_D128="BT=64,BV=64,num_warps=8,num_stages=2;BT=64,BV=64,num_warps=8,num_stages=3;BT=64,BV=128,num_warps=8,num_stages=2"
 
 run() {  # run NAME SECONDS COMMAND...
     local name=$1 secs=$2; shift 2
@@ -116,8 +130,11 @@ for stage in ${stages//,/ }; do
         profile) run profile 100 python3 benchmarks/chunk_profile.py --out "$res/chunk_profile.json" ;;
         # one process (no xdist): 130 s cut it after 11 tests once each walk tunes per WAVES class (h100-2026-11-22z3)
         tests_chunk) run tests_chunk 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/ops/test_chunk_gpu.py ;;
+        # (with the recompute backward's CPU cases: its narrow head dims; TESTS_CHUNK_CUDA_K: a pytest -k expression,
+        # to run part of them)
         tests_chunk_cuda) run tests_chunk_cuda "${TESTS_CHUNK_CUDA_S:-280}" python3 -m pytest -q -p no:cacheprovider -n 10 \
-                              --durations=15 tests/ops/test_chunk.py tests/ops/test_library.py ;;
+                              --durations=15 ${TESTS_CHUNK_CUDA_K:+-k "$TESTS_CHUNK_CUDA_K"} tests/ops/test_chunk.py \
+                              tests/ops/test_library.py tests/ops/test_recompute.py ;;
         # issue 4, small and large head dims: where a K = V = 64 segmented fwd+bwd spends its time (host split, kernels,
         # passes) and which pinned configurations run K = V = 256 (and 64) fastest
         diag_host) run diag_host 120 python3 benchmarks/host_overhead.py \
@@ -167,13 +184,34 @@ for stage in ${stages//,/ }; do
         # the segmented part of grid (a) per pass: the pre-pass on pieces of the segments (chunk.prepass_split)
         passes_long) run passes_long 120 python3 benchmarks/chunk_passes.py --shapes 4x16384,2x32768,1x65536 \
                          --out "$res/chunk_passes_long.json" ;;
+        # q·S apart from the walk's intra product (so that with 8 warps it is split over the two warpgroups by columns
+        # instead of computed on both): pinned sweeps of this code against an older package in .old/ (git-ignored,
+        # carried: `git archive <rev> lightning_attention | tar x -C .old`), then the 8-warp candidates checked against
+        # float64. Recorded in h100-2026-11-22z5 with the apart form for every warp count, against 71c8e31.
+        unchain_probe) for d_shape in "128 8 8192" "128 4 16384" "256 16 4096" "64 4 16384"; do
+                           set -- $d_shape
+                           case $1 in
+                               128) new="$UNCHAIN_D128"; old="$UNCHAIN_D128_OLD" ;;
+                               256) new="$UNCHAIN_D256"; old="$UNCHAIN_D256_OLD" ;;
+                               64) new="$UNCHAIN_D64"; old="$UNCHAIN_D64_OLD" ;;
+                           esac
+                           [ "$1 $3" = "128 16384" ] && new="$UNCHAIN_D128_LONG" && old="$UNCHAIN_D128_LONG_OLD"
+                           run "unchain_new_d$1_$3" 150 python3 benchmarks/chunk_sweep.py --D "$1" --B "$2" --T "$3" \
+                               --inter input --configs "$new" --out "$res/unchain_new_d$1_$3.json"
+                           run "unchain_old_d$1_$3" 100 env PYTHONPATH="$PWD/.old:$PYTHONPATH" python3 benchmarks/chunk_sweep.py \
+                               --D "$1" --B "$2" --T "$3" --inter input --configs "$old" --out "$res/unchain_old_d$1_$3.json"
+                       done
+                       run verify_unchain_d128 120 python3 benchmarks/inter_debug.py --pins 128 "$UNCHAIN_VERIFY_D128"
+                       run verify_unchain_d256 90 python3 benchmarks/inter_debug.py --pins 256 "BT=64,BV=64,num_warps=8,num_stages=2"
+                       run verify_unchain_d64 60 python3 benchmarks/inter_debug.py --pins 64 "BT=64,BV=64,num_warps=8,num_stages=2" ;;
         sweep_d256) run sweep_d256 200 python3 benchmarks/chunk_sweep.py --D 256 --B 16 --T 4096 --inter input \
                         --configs "$SWEEP_D256" --out "$res/chunk_sweep_d256.json" ;;
         sweep_d64) run sweep_d64 120 python3 benchmarks/chunk_sweep.py --D 64 --B 4 --T 16384 --inter input \
                        --configs "$SWEEP_D64" --out "$res/chunk_sweep_d64.json" ;;
         passes) run passes 120 python3 benchmarks/chunk_passes.py --shapes 32x2048,4x16384,2x32768 \
                     --out "$res/chunk_passes.json" ;;
-        # the compiled kernels, in parts under the 16 MiB per-file limit: put them in .tcache_pack/ and carry it
+        # the compiled kernels, in parts under the 16 MiB per-file limit: put them in .tcache_pack/ and carry it (once
+        # FLA's kernels are in, the whole no longer fits a call's 64 MiB: split FLA's entries into .tcache_pack_fla/)
         pack_cache) tar czf - -C "$TRITON_CACHE_DIR" . | split -b 15m - "$out/tcache.part-" && ls -la "$out" ;;
         *) echo "unknown stage $stage" ;;
     esac

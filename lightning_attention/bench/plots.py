@@ -13,6 +13,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, never a display
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib import ticker  # noqa: E402
 
 _STYLE = {  # stable colours per provider across figures
     "ours-chunk": ("tab:red", "o"),
@@ -82,7 +83,15 @@ def _integer_ticks(ax, values) -> None:
     values = sorted({v for v in values if v is not None})
     if values:
         ax.set_xticks(values, [_size_label(v) for v in values])
-        ax.minorticks_off()
+        ax.xaxis.set_minor_locator(ticker.NullLocator())
+
+
+def _log_values(ax) -> None:
+    """A log y axis labelled in plain numbers at 1, 2, 3, 5 × 10^n (call after ``set_yscale``): with the default
+    locator a range within one decade, as the runtime figures' often is, carried one label (10^0)."""
+    ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 3.0, 5.0)))
+    ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(ticker.NullFormatter())
 
 
 def _mark_failures(ax, rows: list[dict], x: str):
@@ -112,6 +121,7 @@ def kernel_runtime(records, labels, path, title, machine_line) -> pathlib.Path:
             ax.plot(*zip(*floors), "k--", label="HBM floor")
         ax.set(xscale="log", yscale="log", xlabel="sequence length T", ylabel="time (ms)", title=name)
         _integer_ticks(ax, [r["seqlen"] for r in records])
+        _log_values(ax)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     return _finish(fig, path, title, machine_line)
@@ -132,6 +142,8 @@ def kernel_memory(records, labels, path, title, machine_line) -> pathlib.Path:
         _integer_ticks(ax, [r["seqlen"] for r in records])
         # workspace may be ~0 or slightly negative (allocator rounding): a linear y axis shows it honestly
         ax.set_yscale("log" if key == "peak_bytes" else "linear")
+        if key == "peak_bytes":
+            _log_values(ax)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     return _finish(fig, path, title, machine_line)
@@ -165,6 +177,7 @@ def decode_latency(series: dict[str, list[tuple[int, float]]], path, title, mach
         ax.plot(*zip(*points), label=label, **style)
     ax.set(xscale="log", yscale="log", xlabel="batch (sequences, one token each)", ylabel="step latency (µs)")
     _integer_ticks(ax, [b for points in series.values() for b, _ in points])
+    _log_values(ax)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
     return _finish(fig, path, title, machine_line)
@@ -185,6 +198,7 @@ def xy_lines(
         _integer_ticks(ax, [x for points in series.values() for x, _ in points])
     if logy:
         ax.set_yscale("log")
+        _log_values(ax)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
     return _finish(fig, path, title, machine_line)

@@ -159,6 +159,31 @@ def test_chunk_matches_float64(case, triton_backend):
     check_case(case, triton_backend)
 
 
+EIGHT_WARP_CASES = [c for c in CASES if c.id in {
+    "fp32-T63-K64", "fp32-T100-K48-V100-strong-scale", "fp32-T1-K16-nodecay", "bf16-T100-K64-mixed",
+    "fp32-T70-K256-V256", "varlen-0-1-15-0-100", "segments-B2-T190-bf16", "strided-fused-projection",
+}]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", EIGHT_WARP_CASES, ids=lambda c: c.id)
+def test_walk_with_inter_product_apart_matches_float64(case, triton_backend):
+    """The walk's form for 8 warps (``INTER_APART``: q·S added after the intra product, not its accumulator), which
+    the K = 256 walks use on a GPU: here the walk's space is cut to its 8-warp configurations before the pruning (the
+    autotuner picks among them on a GPU, takes the first on the CPU), in the forward walk and the backward's
+    dq / dk / dv walks."""
+    from lightning_attention.ops.lightning.kernels import walk
+
+    kernel = walk.lightning_walk_kernel
+    prune = kernel.early_config_prune
+    triton_backend.setattr(
+        kernel, "early_config_prune", lambda cfgs, nargs, **kw: prune([c for c in cfgs if c.num_warps == 8], nargs, **kw)
+    )
+    triton_backend.setattr(kernel, "cache", {})  # the autotuner's choices per key
+    check_case(case, triton_backend)
+    chosen = walk.lightning_walk_kernel.best_config
+    assert chosen.num_warps == 8 and chosen.kwargs["INTER_APART"] is True
+
+
 def test_segmented_equals_unsegmented_path_in_fp32(triton_backend):
     """The segment pre-pass + scan reproduces the one-walk result (to fp32 rounding) on an input where the incoming
     states matter: no decay, an initial state, segments of 16 tokens."""

@@ -43,9 +43,10 @@ _SPACE = (
 # (h100-2026-11-22v/chunk_sweep_d128_s2_*.json, 2 stages checked in verify_d128_s2.log): fwd 0.466 / 0.487 ms,
 # fwd+bwd 1.96 / 1.90 at B = 8, T = 8K, so both are tuned, apart for grids that fit the GPU at one program per SM
 # and larger ones (the WAVES key, kernels/walk.py), and each pass keeps its faster one. K = 256 (B = 16,
-# T = 4K): every configuration spills the state; 10.0 ms for (64, 64, 8, 2), 10.35 for (64, 64, 4, 1) (9.26 for
-# (64, 32, 4, 1), which is wrong: WALK_MIN_TILE); 128-token chunks with 8 warps (no duplicated 64-row products)
-# 9.82 ms fwd+bwd and 2.58 fwd against 10.01 / 2.50 (h100-2026-11-22v/chunk_sweep_d256_bt128.json): no gain
+# T = 4K): 10.0 ms for (64, 64, 8, 2), 10.35 for (64, 64, 4, 1) (9.26 for (64, 32, 4, 1), which is wrong:
+# WALK_MIN_TILE); 128-token chunks with 8 warps 9.82 ms fwd+bwd and 2.58 fwd against 10.01 / 2.50
+# (h100-2026-11-22v/chunk_sweep_d256_bt128.json). Since q·S is computed apart from the intra product with 8 warps
+# (walk_config), (64, 64, 8, 2) no longer spills: 8.14 ms fwd+bwd, 2.03 fwd ((64, 64, 4, 1): 10.27 / 2.86; -z5)
 PREFERRED_BY_BK = {
     64: ((64, 64, 4, 2), (64, 64, 4, 3)),
     128: ((64, 64, 4, 3), (64, 64, 4, 2)),
@@ -119,6 +120,18 @@ WALK_REGISTERS_PER_THREAD = 256
 RESERVED_SHARED_PER_BLOCK = 1024
 
 
+def walk_config(meta: dict, num_warps: int, num_stages: int) -> triton.Config:
+    """A walk configuration: ``meta`` (BT, BV and, for the inter-only mode, BK) plus the kernel's INTER_APART flag,
+    which follows from the warps: with 8, q·S goes apart from the intra product.
+
+    Triton lays a product whose result feeds another product (q·S as the accumulator of (A ⊙ D)·V) with every warp
+    along its rows; 64 rows fill one warpgroup, so with 8 warps both warpgroups computed the whole q·S. Added after
+    the intra product instead, it is split between them by columns. K = 256, (64, 64, 8, 2) on an H100: fwd 2.52 ->
+    2.03 ms, fwd+bwd 9.97 -> 8.14 (spills 24 -> 0 registers). With 4 warps both forms have the same layout and the
+    accumulator form was 1-3% faster (K = 128, 64) (benchmarks/results/h100-2026-11-22z5)."""
+    return triton.Config({**meta, "INTER_APART": num_warps > 4}, num_warps=num_warps, num_stages=num_stages)
+
+
 def _parse_pinned(text: str) -> triton.Config:
     fields = {"BT": _SPACE[0][0], "BV": _SPACE[0][1], "num_warps": _SPACE[0][2], "num_stages": _SPACE[0][3]}
     for item in text.split(","):
@@ -129,9 +142,7 @@ def _parse_pinned(text: str) -> triton.Config:
         if key not in fields:
             raise ValueError(f"{ENV_CONFIG}: unknown key {key!r} in {text!r}; keys are {sorted(fields)}")
         fields[key] = int(value)
-    return triton.Config(
-        {"BT": fields["BT"], "BV": fields["BV"]}, num_warps=fields["num_warps"], num_stages=fields["num_stages"]
-    )
+    return walk_config({"BT": fields["BT"], "BV": fields["BV"]}, fields["num_warps"], fields["num_stages"])
 
 
 def walk_autotune_configs(state_only: bool = False) -> list[triton.Config]:
@@ -143,7 +154,7 @@ def walk_autotune_configs(state_only: bool = False) -> list[triton.Config]:
     if pinned:
         return [_parse_pinned(pinned)]
     space = _STATE_SPACE if state_only else _SPACE
-    return [triton.Config({"BT": bt, "BV": bv}, num_warps=w, num_stages=s) for bt, bv, w, s in space]
+    return [walk_config({"BT": bt, "BV": bv}, w, s) for bt, bv, w, s in space]
 
 
 def dkdv_autotune_configs(fixed_bt: bool = False) -> list[triton.Config]:
@@ -311,7 +322,7 @@ def select_configs(
         seen.add(key)
         if limit is not None and estimate_shared_bytes(BT, BK, BV, cfg.num_stages, elem_bytes) > limit:
             continue
-        config = triton.Config({"BT": BT, "BV": BV}, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        config = walk_config({"BT": BT, "BV": BV}, cfg.num_warps, cfg.num_stages)
         if BV >= WALK_MIN_TILE:
             wide.append(config)
         elif cfg.num_warps >= NARROW_TILE_MIN_WARPS:
@@ -323,7 +334,7 @@ def select_configs(
         )
         meta = {"BT": smallest.kwargs["BT"], "BV": min(smallest.kwargs["BV"], BVmax)}
         warps = smallest.num_warps if meta["BV"] >= WALK_MIN_TILE else max(smallest.num_warps, NARROW_TILE_MIN_WARPS)
-        out.append(triton.Config(meta, num_warps=warps, num_stages=1))
+        out.append(walk_config(meta, warps, 1))
     return out
 
 
@@ -380,7 +391,7 @@ def inter_only_config(BT: int, DK: int, DV: int) -> triton.Config:
     else:
         bv, warps, stages = _FIXED_BT_CONFIG
         BV = max(INTER_ONLY_MIN_TILE, min(bv, padded_dim(DV)))
-    return triton.Config({"BT": BT, "BK": inter_only_block_k(DK), "BV": BV}, num_warps=warps, num_stages=stages)
+    return walk_config({"BT": BT, "BK": inter_only_block_k(DK), "BV": BV}, warps, stages)
 
 
 def inter_only_fits(chunk_size: int, DK: int, DV: int, elem_bytes: int, limit: int | None) -> bool:

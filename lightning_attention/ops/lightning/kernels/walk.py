@@ -129,6 +129,7 @@ def _walk_kernel(
     STATE_ONLY: tl.constexpr,
     SKIP_FINAL: tl.constexpr,  # STATE_ONLY without a final state: the walk's last segment is not walked
     INTER_ONLY: tl.constexpr,  # o without its intra-chunk term (hybrid attention, issue 7)
+    INTER_APART: tl.constexpr,  # q·S added after the intra product, not its accumulator (configs.walk_config)
     ACC: tl.constexpr,  # tl.float32 (tl.float64 for fp64 inputs under the interpreter)
     DOT_PREC: tl.constexpr,  # "ieee" for fp32/fp64 operands, else the tensor-core default
     INTER_PREC: tl.constexpr,  # (q·λ)·S: "ieee" (fp32 inputs), "tf32" (fp32 operands), "input" (bf16 operands)
@@ -222,8 +223,13 @@ def _walk_kernel(
             if not INTER_ONLY:
                 # intra: [(Q Kᵀ) ⊙ D] V, D_ij = λ^(r_i - r_j) for r_i >= r_j
                 b_a = tl.dot(b_q, tl.trans(b_k), out_dtype=ACC, input_precision=DOT_PREC)  # [BT, BT]
-                b_a = decayed_scores(b_a, r, c, scale_intra, HAS_DECAY, ACC).to(b_v.dtype)
-                b_o = tl.dot(b_a, b_v, b_o, out_dtype=ACC, input_precision=DOT_PREC)  # [BT, BV]
+                if INTER_APART:
+                    # scaled after the product: `b_o + tl.dot(...)` alone is folded back into the accumulator form
+                    b_a = decayed_scores(b_a, r, c, 1.0, HAS_DECAY, ACC).to(b_v.dtype)
+                    b_o = b_o + scale_intra * tl.dot(b_a, b_v, out_dtype=ACC, input_precision=DOT_PREC)  # [BT, BV]
+                else:
+                    b_a = decayed_scores(b_a, r, c, scale_intra, HAS_DECAY, ACC).to(b_v.dtype)
+                    b_o = tl.dot(b_a, b_v, b_o, out_dtype=ACC, input_precision=DOT_PREC)  # [BT, BV]
             tl.store(
                 p_o + rows[:, None] * so_t + o_v[None, :],
                 b_o.to(o.dtype.element_ty),
