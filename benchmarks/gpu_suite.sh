@@ -204,6 +204,13 @@ for stage in ${stages//,/ }; do
                        run verify_unchain_d128 120 python3 benchmarks/inter_debug.py --pins 128 "$UNCHAIN_VERIFY_D128"
                        run verify_unchain_d256 90 python3 benchmarks/inter_debug.py --pins 256 "BT=64,BV=64,num_warps=8,num_stages=2"
                        run verify_unchain_d64 60 python3 benchmarks/inter_debug.py --pins 64 "BT=64,BV=64,num_warps=8,num_stages=2" ;;
+        # the recompute backward's dk and dv sweeps as one kernel function: its GPU tests, then its timing against the
+        # package in .old/ (the commit before, carried) in the same call
+        recompute_probe) run tests_recompute 200 python3 -m pytest -q -p no:cacheprovider -n 8 -rA tests/ops/test_recompute.py
+                         run recompute_new 120 python3 benchmarks/recompute_timing.py --seqlens 2048,32768 --check \
+                             --out "$res/recompute_timing_new.json"
+                         run recompute_old 120 env PYTHONPATH="$PWD/.old:$PYTHONPATH" python3 benchmarks/recompute_timing.py \
+                             --seqlens 2048,32768 --out "$res/recompute_timing_old.json" ;;
         sweep_d256) run sweep_d256 200 python3 benchmarks/chunk_sweep.py --D 256 --B 16 --T 4096 --inter input \
                         --configs "$SWEEP_D256" --out "$res/chunk_sweep_d256.json" ;;
         sweep_d64) run sweep_d64 120 python3 benchmarks/chunk_sweep.py --D 64 --B 4 --T 16384 --inter input \

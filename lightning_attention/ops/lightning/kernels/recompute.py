@@ -21,8 +21,9 @@ The derivation is in the docstring of :mod:`lightning_attention.ops.lightning.re
 
 Tiling: dq and dk produce a K-slice and contract over the whole V, so they tile K (``BK``) and hold a transposed
 state slice ``[BV = V padded, BK]``; dv produces a V-slice and contracts over the whole K, so it tiles V (``BV``)
-and holds ``[BK = K padded, BV]``. Every output element is written by exactly one program, in sequence order:
-no atomics, no partial sums.
+and holds ``[BK = K padded, BV]``. dk and dv are one reverse sweep (:func:`_reverse_sweep`) with the roles of its
+inputs swapped. Every output element is written by exactly one program, in sequence order: no atomics, no partial
+sums.
 
 Numerics: fp32 (fp64 for fp64 inputs, interpreter only) state and accumulators; intra-chunk dots take operands
 in the input dtype; the state operand of the inter-chunk dots is cast to ``STATE_OP`` = bf16 for bf16 inputs and
@@ -165,140 +166,36 @@ def _dq_sweep(
 
 
 @triton.jit
-def _dk_sweep(
-    i_k,
+def _reverse_sweep(
+    i_c,
     i_nh,
-    q,
-    v,
-    do,
+    a,
+    b,
+    c,
     dht,
     slope,
     cu_seqlens,
-    dk,
-    T,
-    H,
-    stride_q_b,
-    stride_q_t,
-    stride_q_h,
-    stride_v_b,
-    stride_v_t,
-    stride_v_h,
-    stride_do_b,
-    stride_do_t,
-    stride_do_h,
-    scale,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    USE_FINAL_STATE_GRADIENT: tl.constexpr,
-    HAS_DECAY: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    ACC: tl.constexpr,
-    STATE_OP: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    """Reverse sweep for dk: carry Rᵀ (fp32, [BV, BK]) from the last chunk to the first and write dk.
-
-    Program (K tile ``i_k``, sequence·head ``i_nh``). q ``[B, T, H, K]``, v and do ``[B, T, H, V]`` (strided,
-    last dim contiguous); dht ``[N, H, K, V]`` contiguous; dk ``[B, T, H, K]`` contiguous. BV covers all of V.
-    """
-    i_n, i_h = i_nh // H, i_nh % H
-    i_b, bos, eos = _sequence_bounds(cu_seqlens, i_n, T, IS_VARLEN)
-    i_h64 = tl.cast(i_h, tl.int64)
-
-    o_t = tl.arange(0, BT)
-    o_k = i_k * BK + tl.arange(0, BK)
-    o_v = tl.arange(0, BV)
-    m_k = o_k < K
-    m_v = o_v < V
-    anticausal = o_t[None, :] >= o_t[:, None]  # [BT(j), BT(i)], i >= j
-
-    p_q0 = q + i_b * stride_q_b + i_h64 * stride_q_h
-    p_v0 = v + i_b * stride_v_b + i_h64 * stride_v_h
-    p_do0 = do + i_b * stride_do_b + i_h64 * stride_do_h
-    p_dk0 = dk + i_b * T * H * K + i_h64 * K
-
-    # b_rT[v, k] = R[k, v], carried transposed so v @ Rᵀ is a plain dot
-    b_rT = tl.zeros([BV, BK], dtype=ACC)
-    if USE_FINAL_STATE_GRADIENT:
-        p_dht = dht + tl.cast(i_nh, tl.int64) * K * V + o_k[None, :] * V + o_v[:, None]
-        b_rT = tl.load(p_dht, mask=m_v[:, None] & m_k[None, :], other=0.0).to(ACC)
-    if HAS_DECAY:
-        b_c = _log2_decay(slope, i_h, ACC)
-        # [BT(j), BT(i)] scale·λ^(i-j) for i >= j
-        b_DT = tl.where(anticausal, tl.exp2(-b_c * tl.maximum(o_t[None, :] - o_t[:, None], 0).to(ACC)), 0.0) * scale
-        b_qdecay = tl.exp2(-b_c * (o_t + 1).to(ACC)) * scale  # [BT] scale·λ^(i+1)
-
-    NT = tl.cdiv(eos - bos, BT)
-    for i_r in range(NT):
-        t0 = bos + (NT - 1 - tl.cast(i_r, tl.int64)) * BT
-        o_tt = t0 + o_t
-        m_t = o_tt < eos
-        b_q = tl.load(p_q0 + o_tt[:, None] * stride_q_t + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
-        b_v = tl.load(p_v0 + o_tt[:, None] * stride_v_t + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
-        b_do = tl.load(p_do0 + o_tt[:, None] * stride_do_t + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
-
-        # intra: dAᵀ[j, i] = v_j·do_i recomputed [BT, BT], masked to i >= j, then dAᵀ @ Q
-        b_dAT = tl.dot(b_v, tl.trans(b_do), input_precision=DOT_PRECISION, out_dtype=ACC)
-        if HAS_DECAY:
-            b_dAT = b_dAT * b_DT
-        else:
-            b_dAT = tl.where(anticausal, b_dAT * scale, 0.0)
-        b_dk = tl.dot(b_dAT.to(b_q.dtype), b_q, input_precision=DOT_PRECISION, out_dtype=ACC)  # [BT, BK]
-        # inter: λ^(L-1-j) v_j R_nextᵀ
-        b_inter = tl.dot(b_v.to(STATE_OP), b_rT.to(STATE_OP), input_precision=DOT_PRECISION, out_dtype=ACC)
-        if HAS_DECAY:
-            n_valid = tl.minimum(eos - t0, BT)
-            b_kdecay = tl.where(o_t < n_valid, tl.exp2(-b_c * tl.maximum(n_valid - 1 - o_t, 0).to(ACC)), 0.0)
-            b_inter = b_inter * b_kdecay[:, None]
-        tl.store(
-            p_dk0 + o_tt[:, None] * H * K + o_k[None, :],
-            (b_dk + b_inter).to(dk.dtype.element_ty),
-            mask=m_t[:, None] & m_k[None, :],
-        )
-
-        # R ← λ^L R + scale Σ_i λ^(i+1) q_iᵀ do_i, as Rᵀ ← λ^L Rᵀ + (scale λ^(i+1) do)ᵀ q
-        if HAS_DECAY:
-            b_dod = (b_do.to(ACC) * b_qdecay[:, None]).to(b_do.dtype)
-            b_rT = b_rT * tl.exp2(-b_c * n_valid.to(ACC)) + tl.dot(
-                tl.trans(b_dod), b_q, input_precision=DOT_PRECISION, out_dtype=ACC
-            )
-        else:
-            b_dod = (b_do.to(ACC) * scale).to(b_do.dtype)
-            b_rT += tl.dot(tl.trans(b_dod), b_q, input_precision=DOT_PRECISION, out_dtype=ACC)
-
-
-@triton.jit
-def _dv_sweep(
-    i_v,
-    i_nh,
-    q,
-    k,
-    do,
-    dht,
-    slope,
-    cu_seqlens,
-    dv,
+    out,
     dh0,
     T,
     H,
-    stride_q_b,
-    stride_q_t,
-    stride_q_h,
-    stride_k_b,
-    stride_k_t,
-    stride_k_h,
-    stride_do_b,
-    stride_do_t,
-    stride_do_h,
+    stride_a_b,
+    stride_a_t,
+    stride_a_h,
+    stride_b_b,
+    stride_b_t,
+    stride_b_h,
+    stride_c_b,
+    stride_c_t,
+    stride_c_h,
     scale,
-    K: tl.constexpr,
-    V: tl.constexpr,
+    A: tl.constexpr,
+    C: tl.constexpr,
+    STATE_SA: tl.constexpr,
+    STATE_SC: tl.constexpr,
     BT: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
+    BA: tl.constexpr,
+    BC: tl.constexpr,
     USE_FINAL_STATE_GRADIENT: tl.constexpr,
     STORE_INITIAL_STATE_GRADIENT: tl.constexpr,
     HAS_DECAY: tl.constexpr,
@@ -307,78 +204,86 @@ def _dv_sweep(
     STATE_OP: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """Reverse sweep for dv and dh0: carry R (fp32, [BK, BV]) from the last chunk to the first.
+    """Reverse sweep: carry X = the reverse state R (or Rᵀ), fp32 ``[BA, BC]``, from the last chunk to the first
+    and write ``out`` (and dh0), for one of the two roles of (a, b, c)::
 
-    Program (V tile ``i_v``, sequence·head ``i_nh``). q, k ``[B, T, H, K]``, do ``[B, T, H, V]`` (strided,
-    last dim contiguous); dht, dh0 ``[N, H, K, V]`` contiguous; dv ``[B, T, H, V]`` contiguous. BK covers all of K.
+        out_j = scale · Σ_{i≥j} λ^(i-j) (a_j·b_i) c_i + λ^(L-1-j) a_j X_next      X ← λ^L X + scale Σ_i λ^(i+1) b_iᵀ c_i
+
+    dv and dh0: (a, b, c) = (k, q, do), X = R ``[K, V]``; dk: (a, b, c) = (v, do, q), X = Rᵀ ``[V, K]``. The
+    untiled dim A (BA covers all of it) is contracted, the output tiles C (tile ``i_c`` of ``BC``).
+
+    Program (C tile ``i_c``, sequence·head ``i_nh``). a, b ``[B, T, H, A]``, c ``[B, T, H, C]`` (strided, last dim
+    contiguous); dht, dh0 ``[N, H, K, V]`` contiguous, X[x, y] at ``x·STATE_SA + y·STATE_SC`` within a head
+    (R: (V, 1); Rᵀ: (1, V)); out ``[B, T, H, C]`` contiguous.
     """
     i_n, i_h = i_nh // H, i_nh % H
     i_b, bos, eos = _sequence_bounds(cu_seqlens, i_n, T, IS_VARLEN)
     i_h64 = tl.cast(i_h, tl.int64)
 
     o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k = o_k < K
-    m_v = o_v < V
+    o_a = tl.arange(0, BA)
+    o_c = i_c * BC + tl.arange(0, BC)
+    m_a = o_a < A
+    m_c = o_c < C
     anticausal = o_t[None, :] >= o_t[:, None]  # [BT(j), BT(i)], i >= j
 
-    p_q0 = q + i_b * stride_q_b + i_h64 * stride_q_h
-    p_k0 = k + i_b * stride_k_b + i_h64 * stride_k_h
-    p_do0 = do + i_b * stride_do_b + i_h64 * stride_do_h
-    p_dv0 = dv + i_b * T * H * V + i_h64 * V
-    o_state = tl.cast(i_nh, tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]  # [BK, BV] offsets in [N, H, K, V]
-    m_state = m_k[:, None] & m_v[None, :]
+    p_a0 = a + i_b * stride_a_b + i_h64 * stride_a_h
+    p_b0 = b + i_b * stride_b_b + i_h64 * stride_b_h
+    p_c0 = c + i_b * stride_c_b + i_h64 * stride_c_h
+    p_out0 = out + i_b * T * H * C + i_h64 * C
+    o_state = tl.cast(i_nh, tl.int64) * A * C + o_a[:, None] * STATE_SA + o_c[None, :] * STATE_SC  # [BA, BC]
+    m_state = m_a[:, None] & m_c[None, :]
 
-    b_r = tl.zeros([BK, BV], dtype=ACC)  # R[k, v]
+    b_x = tl.zeros([BA, BC], dtype=ACC)
     if USE_FINAL_STATE_GRADIENT:
-        b_r = tl.load(dht + o_state, mask=m_state, other=0.0).to(ACC)
+        b_x = tl.load(dht + o_state, mask=m_state, other=0.0).to(ACC)
     if HAS_DECAY:
         b_c = _log2_decay(slope, i_h, ACC)
+        # [BT(j), BT(i)] scale·λ^(i-j) for i >= j
         b_DT = tl.where(anticausal, tl.exp2(-b_c * tl.maximum(o_t[None, :] - o_t[:, None], 0).to(ACC)), 0.0) * scale
-        b_qdecay = tl.exp2(-b_c * (o_t + 1).to(ACC)) * scale  # [BT] scale·λ^(i+1)
+        b_bdecay = tl.exp2(-b_c * (o_t + 1).to(ACC)) * scale  # [BT] scale·λ^(i+1)
 
     NT = tl.cdiv(eos - bos, BT)
     for i_r in range(NT):
         t0 = bos + (NT - 1 - tl.cast(i_r, tl.int64)) * BT
         o_tt = t0 + o_t
         m_t = o_tt < eos
-        b_q = tl.load(p_q0 + o_tt[:, None] * stride_q_t + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
-        b_k = tl.load(p_k0 + o_tt[:, None] * stride_k_t + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
-        b_do = tl.load(p_do0 + o_tt[:, None] * stride_do_t + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
+        b_a = tl.load(p_a0 + o_tt[:, None] * stride_a_t + o_a[None, :], mask=m_t[:, None] & m_a[None, :], other=0.0)
+        b_b = tl.load(p_b0 + o_tt[:, None] * stride_b_t + o_a[None, :], mask=m_t[:, None] & m_a[None, :], other=0.0)
+        b_cc = tl.load(p_c0 + o_tt[:, None] * stride_c_t + o_c[None, :], mask=m_t[:, None] & m_c[None, :], other=0.0)
 
-        # intra: Aᵀ[j, i] = k_j·q_i recomputed [BT, BT], masked to i >= j, then Aᵀ @ dO
-        b_AT = tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PRECISION, out_dtype=ACC)
+        # intra: Mᵀ[j, i] = a_j·b_i recomputed [BT, BT], masked to i >= j, then Mᵀ @ c
+        b_MT = tl.dot(b_a, tl.trans(b_b), input_precision=DOT_PRECISION, out_dtype=ACC)
         if HAS_DECAY:
-            b_AT = b_AT * b_DT
+            b_MT = b_MT * b_DT
         else:
-            b_AT = tl.where(anticausal, b_AT * scale, 0.0)
-        b_dv = tl.dot(b_AT.to(b_do.dtype), b_do, input_precision=DOT_PRECISION, out_dtype=ACC)  # [BT, BV]
-        # inter: λ^(L-1-j) k_j R_next
-        b_inter = tl.dot(b_k.to(STATE_OP), b_r.to(STATE_OP), input_precision=DOT_PRECISION, out_dtype=ACC)
+            b_MT = tl.where(anticausal, b_MT * scale, 0.0)
+        b_out = tl.dot(b_MT.to(b_cc.dtype), b_cc, input_precision=DOT_PRECISION, out_dtype=ACC)  # [BT, BC]
+        # inter: λ^(L-1-j) a_j X_next
+        b_inter = tl.dot(b_a.to(STATE_OP), b_x.to(STATE_OP), input_precision=DOT_PRECISION, out_dtype=ACC)
         if HAS_DECAY:
             n_valid = tl.minimum(eos - t0, BT)
-            b_kdecay = tl.where(o_t < n_valid, tl.exp2(-b_c * tl.maximum(n_valid - 1 - o_t, 0).to(ACC)), 0.0)
-            b_inter = b_inter * b_kdecay[:, None]
+            b_adecay = tl.where(o_t < n_valid, tl.exp2(-b_c * tl.maximum(n_valid - 1 - o_t, 0).to(ACC)), 0.0)
+            b_inter = b_inter * b_adecay[:, None]
         tl.store(
-            p_dv0 + o_tt[:, None] * H * V + o_v[None, :],
-            (b_dv + b_inter).to(dv.dtype.element_ty),
-            mask=m_t[:, None] & m_v[None, :],
+            p_out0 + o_tt[:, None] * H * C + o_c[None, :],
+            (b_out + b_inter).to(out.dtype.element_ty),
+            mask=m_t[:, None] & m_c[None, :],
         )
 
-        # R ← λ^L R + (scale λ^(i+1) q)ᵀ do
+        # X ← λ^L X + (scale λ^(i+1) b)ᵀ c
         if HAS_DECAY:
-            b_qd = (b_q.to(ACC) * b_qdecay[:, None]).to(b_q.dtype)
-            b_r = b_r * tl.exp2(-b_c * n_valid.to(ACC)) + tl.dot(
-                tl.trans(b_qd), b_do, input_precision=DOT_PRECISION, out_dtype=ACC
+            b_bd = (b_b.to(ACC) * b_bdecay[:, None]).to(b_b.dtype)
+            b_x = b_x * tl.exp2(-b_c * n_valid.to(ACC)) + tl.dot(
+                tl.trans(b_bd), b_cc, input_precision=DOT_PRECISION, out_dtype=ACC
             )
         else:
-            b_qd = (b_q.to(ACC) * scale).to(b_q.dtype)
-            b_r += tl.dot(tl.trans(b_qd), b_do, input_precision=DOT_PRECISION, out_dtype=ACC)
+            b_bd = (b_b.to(ACC) * scale).to(b_b.dtype)
+            b_x += tl.dot(tl.trans(b_bd), b_cc, input_precision=DOT_PRECISION, out_dtype=ACC)
 
     if STORE_INITIAL_STATE_GRADIENT:
         # after chunk 0, R = λ G_0 = dh0 (for an empty sequence: dht, since final_state = h0)
-        tl.store(dh0 + o_state, b_r.to(dh0.dtype.element_ty), mask=m_state)
+        tl.store(dh0 + o_state, b_x.to(dh0.dtype.element_ty), mask=m_state)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -445,18 +350,19 @@ def recompute_bwd_kernel(
             stride_do_b, stride_do_t, stride_do_h, scale,
             K, V, BT, BK, V_PAD, USE_INITIAL_STATE, HAS_DECAY, IS_VARLEN, ACC, STATE_OP, DOT_PRECISION,
         )  # fmt: skip
-    elif i_p < 2 * NK:
-        _dk_sweep(
-            i_p - NK, i_nh, q, v, do, dht, slope, cu_seqlens, dk, T, H,
-            stride_q_b, stride_q_t, stride_q_h, stride_v_b, stride_v_t, stride_v_h,
-            stride_do_b, stride_do_t, stride_do_h, scale,
-            K, V, BT, BK, V_PAD, USE_FINAL_STATE_GRADIENT, HAS_DECAY, IS_VARLEN, ACC, STATE_OP, DOT_PRECISION,
+    elif i_p < 2 * NK:  # dk: (a, b, c) = (v, do, q), X = Rᵀ [V, K]
+        _reverse_sweep(
+            i_p - NK, i_nh, v, do, q, dht, slope, cu_seqlens, dk, dh0, T, H,
+            stride_v_b, stride_v_t, stride_v_h, stride_do_b, stride_do_t, stride_do_h,
+            stride_q_b, stride_q_t, stride_q_h, scale,
+            V, K, 1, V, BT, V_PAD, BK, USE_FINAL_STATE_GRADIENT, False, HAS_DECAY, IS_VARLEN, ACC, STATE_OP,
+            DOT_PRECISION,
         )  # fmt: skip
-    else:
-        _dv_sweep(
-            i_p - 2 * NK, i_nh, q, k, do, dht, slope, cu_seqlens, dv, dh0, T, H,
-            stride_q_b, stride_q_t, stride_q_h, stride_k_b, stride_k_t, stride_k_h,
+    else:  # dv and dh0: (a, b, c) = (k, q, do), X = R [K, V]
+        _reverse_sweep(
+            i_p - 2 * NK, i_nh, k, q, do, dht, slope, cu_seqlens, dv, dh0, T, H,
+            stride_k_b, stride_k_t, stride_k_h, stride_q_b, stride_q_t, stride_q_h,
             stride_do_b, stride_do_t, stride_do_h, scale,
-            K, V, BT, K_PAD, BV, USE_FINAL_STATE_GRADIENT, USE_INITIAL_STATE, HAS_DECAY, IS_VARLEN, ACC, STATE_OP,
+            K, V, V, 1, BT, K_PAD, BV, USE_FINAL_STATE_GRADIENT, USE_INITIAL_STATE, HAS_DECAY, IS_VARLEN, ACC, STATE_OP,
             DOT_PRECISION,
         )  # fmt: skip
