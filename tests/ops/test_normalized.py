@@ -130,6 +130,15 @@ def test_layout_choice():
     assert packed_buffer(S, z) is not None  # final (S, z) of the fused layout is decode-ready as is
 
 
+def test_layout_choice_uses_the_walks_value_tile():
+    """normalized._tile is a Triton-free copy of kernels.configs.walk_tile (the module must import without
+    Triton): the two agree on every head dim the kernels take."""
+    configs = pytest.importorskip("lightning_attention.ops.lightning.kernels.configs")
+    from lightning_attention.ops import normalized
+
+    assert [normalized._tile(d) for d in range(1, 257)] == [configs.walk_tile(d) for d in range(1, 257)]
+
+
 def test_empty_sequence_returns_initial_state():
     q, k, v = make_inputs(2, 0, 2, 16, 16, torch.float32)
     S0, z0 = make_state(2, 2, 16, 16)
