@@ -44,6 +44,9 @@ UNCHAIN_D256="BT=64,BV=64,num_warps=8,num_stages=2;BT=64,BV=64,num_warps=4,num_s
 UNCHAIN_D256_OLD="BT=64,BV=64,num_warps=8,num_stages=2"
 UNCHAIN_D64="BT=64,BV=64,num_warps=4,num_stages=2;BT=64,BV=64,num_warps=4,num_stages=3;BT=64,BV=64,num_warps=8,num_stages=2"
 UNCHAIN_D64_OLD="BT=64,BV=64,num_warps=4,num_stages=2"
+TMA_VERIFY_D128="BT=64,BV=64,num_warps=4,num_stages=3;BT=64,BV=64,num_warps=4,num_stages=2;BT=64,BV=128,num_warps=8,num_stages=2"
+TMA_STAGES_D128="BT=64,BV=64,num_warps=4,num_stages=2;BT=64,BV=64,num_warps=4,num_stages=3;BT=64,BV=64,num_warps=4,num_stages=4"
+TMA_HOST_SHAPES="2x32768,1x65536,8x8192,32x2048,16x4096x256"
 UNCHAIN_VERIFY_D128="BT=64,BV=64,num_warps=8,num_stages=2;BT=64,BV=64,num_warps=8,num_stages=3;BT=64,BV=128,num_warps=8,num_stages=2"
 
 run() {  # run NAME SECONDS COMMAND...
@@ -118,6 +121,40 @@ for stage in ${stages//,/ }; do
             run sp_check 160 $sp_run benchmarks/sp_check_gpu.py --out "$res/sp"
             run sp_scaling 260 $sp_run benchmarks/sp_scaling.py --budget-s 220 --trial-cap-s 40 --timeout-min 4 \
                 --out "$res/sp" ;;
+        # Nsight Compute over one call per shape (benchmarks/ncu_profile.py; NCU_SHAPES overrides the shapes): the
+        # details page (speed of light, memory, warp stalls, occupancy) and per-SASS-line stall samples as text, the
+        # report itself (gzipped) beside results.tgz when it fits the 16 MiB a returned file may have
+        ncu) ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -n 1)
+             run ncu 420 "$ncu_bin" --profile-from-start off --clock-control none --set full --import-source no -f \
+                 -o /tmp/ncu_walk python3 benchmarks/ncu_profile.py \
+                 --shapes "${NCU_SHAPES:-2x32768:fwd,8x8192:fwd,16x4096x256:fwd_bwd}"
+             run ncu_details 120 "$ncu_bin" --import /tmp/ncu_walk.ncu-rep --page details --print-units base
+             run ncu_raw 120 "$ncu_bin" --import /tmp/ncu_walk.ncu-rep --page raw --csv
+             run ncu_sass 200 "$ncu_bin" --import /tmp/ncu_walk.ncu-rep --page source --print-source sass --csv
+             gzip -c /tmp/ncu_walk.ncu-rep >"$out/ncu_walk.ncu-rep.gz" ;;
+        # tensor descriptors in the walk (session 7): each pass timed with them (default), without them
+        # (LIGHTNING_ATTENTION_TMA=0) and for an older package in .old/ (see unchain_probe), then the default
+        # configurations checked against float64 with descriptors, unsegmented and in segments of 256
+        tma_probe) shapes="${TMA_SHAPES:-2x32768,8x8192,16x4096x256}"
+                   run tma_passes_new 200 python3 benchmarks/chunk_passes.py --shapes "$shapes" --out "$res/tma_passes_new.json"
+                   run tma_passes_ptr 200 env LIGHTNING_ATTENTION_TMA=0 python3 benchmarks/chunk_passes.py --shapes "$shapes" \
+                       --out "$res/tma_passes_ptr.json"
+                   run tma_passes_old 120 env PYTHONPATH="$PWD/.old:$PYTHONPATH" python3 benchmarks/chunk_passes.py \
+                       --shapes "$shapes" --out "$res/tma_passes_old.json"
+                   run tma_verify_d128 120 python3 benchmarks/inter_debug.py --pins 128 "$TMA_VERIFY_D128"
+                   run tma_verify_d256 60 python3 benchmarks/inter_debug.py --pins 256 "BT=64,BV=64,num_warps=8,num_stages=2" ;;
+        # pipeline depth with tensor descriptors at K = 128 (no registers for addresses: four stages compile without
+        # spills, 180 KB): pinned sweeps at one program per SM (2 x 32K, 1 x 64K) and at 2 rounds (8 x 8K), fwd and
+        # fwd+bwd through the op for this package and .old/, four stages checked against float64
+        tma_stages) for shape in "2 32768" "8 8192" "1 65536"; do
+                        set -- $shape
+                        run "tma_sweep_d128_$2" 110 python3 benchmarks/chunk_sweep.py --D 128 --B "$1" --T "$2" --inter input \
+                            --configs "$TMA_STAGES_D128" --out "$res/tma_sweep_d128_$2.json"
+                    done
+                    run tma_host_new 150 python3 benchmarks/host_overhead.py --shapes "$TMA_HOST_SHAPES" --out "$res/tma_host_new.json"
+                    run tma_host_old 90 env PYTHONPATH="$PWD/.old:$PYTHONPATH" python3 benchmarks/host_overhead.py \
+                        --shapes "$TMA_HOST_SHAPES" --out "$res/tma_host_old.json"
+                    run tma_verify_s4 60 python3 benchmarks/inter_debug.py --pins 128 "BT=64,BV=64,num_warps=4,num_stages=4" ;;
         tables) run tables 60 python3 benchmarks/perf_tables.py "$res" --out "$res/tables.md" ;;  # last: reads all
         model) run model 150 python3 -m lightning_attention.bench.model_timing --contexts 2048 8192 32768 65536 \
                    --loss-steps 0 ;;

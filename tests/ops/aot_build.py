@@ -35,6 +35,7 @@ from lightning_attention.ops.lightning.kernels.configs import (
 )
 from lightning_attention.ops.lightning.kernels.dkdv_walk import lightning_dkdv_kernel
 from lightning_attention.ops.lightning.kernels.walk import lightning_scan_kernel, lightning_walk_kernel
+from lightning_attention.ops.lightning.tma import TMA_MIN_CAPABILITY
 
 ELEM_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 INTER_PREC = {"bf16": "input", "fp16": "tf32", "fp32": "ieee"}  # as chunk._precisions picks them
@@ -90,7 +91,9 @@ def dispatcher_configs(cc: int, dtype: str, DK: int, DV: int, flags: dict):
         return [inter_only_config(flags["BT"], DK, DV)]
     state_only = flags.get("STATE_ONLY", False)
     space = walk_autotune_configs(state_only=state_only)
-    return select_configs(space, DK, DV, ELEM_BYTES[dtype], SHARED_LIMITS[cc], prefer=not state_only)
+    return select_configs(
+        space, DK, DV, ELEM_BYTES[dtype], SHARED_LIMITS[cc], prefer=not state_only, tma=cc >= TMA_MIN_CAPABILITY
+    )
 
 
 def _compile(kind: str, fn, cc: int, dtype: str, DK: int, DV: int, BT: int, BV: int, cfg, constexprs: dict,
@@ -120,10 +123,12 @@ def build_walk(cc: int, dtype: str, DK: int, DV: int, cfg, flags: dict) -> dict:
         SKIP_FINAL=False, INTER_ONLY=False, INTER_APART=cfg.kwargs["INTER_APART"], **_precision_constexprs(dtype),
     )  # fmt: skip
     inter_only = bool(flags.get("INTER_ONLY", False))
-    estimate = estimate_shared_bytes(BT, BK, BV, cfg.num_stages, ELEM_BYTES[dtype], inter_only)
+    # as a launch there (chunk._walk): tensor descriptors on sm_90+ for whole chunks, never in the inter-only mode
+    tma = constexprs["USE_TMA"] = cc >= TMA_MIN_CAPABILITY and not inter_only
+    estimate = estimate_shared_bytes(BT, BK, BV, cfg.num_stages, ELEM_BYTES[dtype], inter_only, tma)
     fn = lightning_walk_kernel.fn  # the JITFunction under the autotuner
     result = _compile("walk", fn, cc, dtype, DK, DV, BT, BV, cfg, constexprs, flags, estimate)
-    result["resident"] = estimate_resident_shared_bytes(BT, BK, BV, cfg.num_stages, ELEM_BYTES[dtype])
+    result["resident"] = estimate_resident_shared_bytes(BT, BK, BV, cfg.num_stages, ELEM_BYTES[dtype], tma)
     return result
 
 

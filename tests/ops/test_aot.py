@@ -99,7 +99,7 @@ def test_walk_programs_per_sm_on_an_h100():
     from lightning_attention.ops.lightning.kernels.configs import SHARED_LIMITS, SHARED_PER_SM, walk_programs_per_sm
 
     def per_sm(d):
-        return walk_programs_per_sm(d, d, 2, SHARED_LIMITS[90], SHARED_PER_SM[90])
+        return walk_programs_per_sm(d, d, 2, SHARED_LIMITS[90], SHARED_PER_SM[90], tma=True)
 
     assert (per_sm(64), per_sm(128), per_sm(256)) == (2, 1, 1)
 
@@ -208,13 +208,14 @@ def test_walk_tiles_are_at_least_64_wide_where_they_fit():
 
 
 def test_head_dim_preferences_come_first_where_they_fit():
-    """configs.PREFERRED_BY_BK leads the main walk's tuning on sm_90 (measured and checked there), narrow heads take
-    the preferences of their 64-wide tile, and the pre-pass keeps its own space (the pruning hook tells them apart
-    by STATE_ONLY)."""
+    """configs.PREFERRED_BY_BK (PREFERRED_BY_BK_TMA with tensor descriptors) leads the main walk's tuning on sm_90
+    (measured and checked there), narrow heads take the preferences of their 64-wide tile, and the pre-pass keeps
+    its own space (the pruning hook tells them apart by STATE_ONLY)."""
     import torch
 
     from lightning_attention.ops.lightning.kernels.configs import (
         PREFERRED_BY_BK,
+        PREFERRED_BY_BK_TMA,
         SHARED_LIMITS,
         select_configs,
         walk_autotune_configs,
@@ -224,9 +225,10 @@ def test_head_dim_preferences_come_first_where_they_fit():
     def shapes(cfgs):
         return [(c.kwargs["BT"], c.kwargs["BV"], c.num_warps, c.num_stages) for c in cfgs]
 
-    for bk, preferred in PREFERRED_BY_BK.items():
-        got = shapes(select_configs(walk_autotune_configs(), bk, bk, 2, SHARED_LIMITS[90], prefer=True))
-        assert got == list(preferred), (bk, got)
+    for tma, table in ((False, PREFERRED_BY_BK), (True, PREFERRED_BY_BK_TMA)):
+        for bk, preferred in table.items():
+            got = shapes(select_configs(walk_autotune_configs(), bk, bk, 2, SHARED_LIMITS[90], prefer=True, tma=tma))
+            assert got == list(preferred), (bk, tma, got)
     space = walk_autotune_configs()
     assert shapes(select_configs(space, 32, 48, 2, SHARED_LIMITS[90], prefer=True)) == list(PREFERRED_BY_BK[64])
     q = torch.empty(0, dtype=torch.bfloat16)  # a CPU tensor: no shared-memory limit, the order alone decides

@@ -184,6 +184,22 @@ def test_walk_with_inter_product_apart_matches_float64(case, triton_backend):
     assert chosen.num_warps == 8 and chosen.kwargs["INTER_APART"] is True
 
 
+POINTER_CASES = [c for c in CASES if c.id in {
+    "fp32-T63-K64", "fp32-T200-K128-mixed", "fp32-K8-V20-tiny-dims", "fp16-T40-K256-V64-strong", "bf16-T100-K64-mixed",
+    "varlen-0-1-15-0-100", "varlen-cpu-segments", "segments-B2-T190-bf16", "segments-B2-nofinal-noh0",
+    "pieces-B2-final-h0", "strided-fused-projection",
+}]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", POINTER_CASES, ids=lambda c: c.id)
+def test_walk_through_pointers_matches_float64(case, triton_backend):
+    """The walk's loads and stores through pointers and masks (``LIGHTNING_ATTENTION_TMA=0``): what GPUs before sm_90
+    and tensors off TMA's 16-byte rules run. Every other case here runs the tensor-descriptor path wherever the
+    tensors allow it, as an sm_90 GPU does (ops/lightning/tma.py)."""
+    triton_backend.setenv("LIGHTNING_ATTENTION_TMA", "0")
+    check_case(case, triton_backend)
+
+
 def test_segmented_equals_unsegmented_path_in_fp32(triton_backend):
     """The segment pre-pass + scan reproduces the one-walk result (to fp32 rounding) on an input where the incoming
     states matter: no decay, an initial state, segments of 16 tokens."""

@@ -30,6 +30,9 @@ Environment:
     Pin one launch configuration, see :mod:`lightning_attention.ops.lightning.kernels.configs`.
 ``LIGHTNING_ATTENTION_DKDV``
     ``1``: dk and dv from the fused dk/dv walk where it fits; default ``0``: two reverse walks (faster on an H100).
+``LIGHTNING_ATTENTION_TMA``
+    ``0``: the walk loads and stores through pointers everywhere (default: tensor descriptors where
+    :mod:`~lightning_attention.ops.lightning.tma` allows them).
 ``LIGHTNING_ATTENTION_BF16_INTER``
     ``input`` (default) or ``tf32``: operand precision of the inter-chunk product (λq)·S for bf16 inputs.
 """
@@ -64,6 +67,7 @@ from lightning_attention.ops.lightning.kernels.walk import (
     lightning_state_kernel,
     lightning_walk_kernel,
 )
+from lightning_attention.ops.lightning.tma import ensure_allocator, tma_enabled, tma_ready
 
 ENV_SEGMENT_LEN = "LIGHTNING_ATTENTION_SEGMENT_LEN"
 ENV_DKDV = "LIGHTNING_ATTENTION_DKDV"
@@ -112,7 +116,8 @@ def _walk_slots(index: int, DK: int, DV: int, elem_bytes: int) -> int:
     cc = props.major * 10 + props.minor
     block_limit = getattr(props, "shared_memory_per_block_optin", 0) or shared_limit(cc)
     sm_shared = getattr(props, "shared_memory_per_multiprocessor", 0) or SHARED_PER_SM.get(cc, block_limit)
-    return _sm_count(index) * walk_programs_per_sm(DK, DV, elem_bytes, block_limit, sm_shared)
+    tma = tma_enabled(torch.device("cuda", index))
+    return _sm_count(index) * walk_programs_per_sm(DK, DV, elem_bytes, block_limit, sm_shared, tma)
 
 
 # pre-pass programs resident per SM (its tuned configurations: one 8-warp program with BV = 128, or two or three
@@ -209,7 +214,10 @@ def _acc(dtype: torch.dtype):
 
 def _precisions(dtype: torch.dtype):
     """(DOT_PREC, INTER_PREC): exact products for fp32/fp64 inputs; for fp16 the inter product (λq)·S in tf32 on fp32
-    operands (the state is never rounded to fp16: its values outgrow fp16); for bf16 ``LIGHTNING_ATTENTION_BF16_INTER``
+    operands (the state is never rounded to fp16: its values outgrow fp16); for bf16 ``LIGHTNING_ATTENTION_TMA``
+    ``0``: the walk loads and stores through pointers everywhere (default: tensor descriptors where
+    :mod:`~lightning_attention.ops.lightning.tma` allows them).
+``LIGHTNING_ATTENTION_BF16_INTER``
     = ``input`` (default: operands rounded to bf16 for the tensor-core product, as FLA does; 1.25× faster on an H100,
     benchmarks/results/chunk_sweep_h100.json) or ``tf32`` (fp32 operands)."""
     if dtype in (torch.float32, torch.float64):
@@ -269,6 +277,11 @@ def _walk(
         T, H, plan.per_seq, plan.seg_len, inter_chunk if not state_only else 0,
         _waves(q, cdiv(DV, 64) * H * total),
     )  # fmt: skip
+    # tensor descriptors (kernels/walk.py, ops/lightning/tma.py) need whole chunks: not the inter-only mode, whose
+    # chunks of inter_chunk tokens are shorter than its tile
+    use_tma = not (inter_chunk and not state_only) and tma_ready(q, k, v, o_)
+    if use_tma and q.is_cuda:
+        ensure_allocator()
     constexprs = dict(
         DK=DK, DV=DV, BK=walk_tile(DK),
         VARLEN=plan.varlen,
@@ -280,6 +293,7 @@ def _walk(
         STATE_ONLY=state_only,
         SKIP_FINAL=state_only and skip_final,
         INTER_ONLY=bool(inter_chunk) and not state_only,
+        USE_TMA=use_tma,
         ACC=_acc(q.dtype),
         DOT_PREC=dot_prec,
         INTER_PREC=inter_prec,

@@ -33,6 +33,7 @@ _SPACE = (
     (64, 64, 4, 3),
     (64, 32, 8, 2),  # K = 256 on <= 166 KB of shared memory (sm_80)
     (32, 32, 8, 1),  # K = 256 on <= 101 KB (sm_86/89/120)
+    (64, 64, 4, 4),  # K = 128 with tensor descriptors (PREFERRED_BY_BK_TMA); spills without them
 )
 
 # the main walk's first candidates by padded K (the rows of its [K, BV] fp32 state), ahead of the order above:
@@ -52,6 +53,13 @@ PREFERRED_BY_BK = {
     128: ((64, 64, 4, 3), (64, 64, 4, 2)),
     256: ((64, 64, 8, 2), (64, 64, 4, 1)),
 }
+
+# with tensor descriptors (ops/lightning/tma.py) the walk holds no addresses in registers: four stages at K = 128
+# compile without spills (248 registers, 180,312 B; pointers: 255 + a 64-byte stack) and keep one more chunk of
+# loads in flight. Pinned on the H100 (h100-2026-11-22z12/tma_sweep_d128_*.json), fwd / fwd+bwd ms with 2 / 3 / 4
+# stages: 2 x 32K 0.616 / 0.529 / 0.491 and 2.05 / 1.85 / 1.73; 8 x 8K 0.430 / 0.412 / 0.382 and 2.68 / 1.64 /
+# 1.54; 1 x 64K fwd 0.661 / 0.579 / 0.547. Four stages checked against float64 (-z12/tma_verify_s4.log).
+PREFERRED_BY_BK_TMA = {**PREFERRED_BY_BK, 128: ((64, 64, 4, 4), (64, 64, 4, 3))}
 
 # the inter-only mode (fixed BT = the hybrid's chunk size): one configuration (BV, warps, stages), no tuning. On an
 # H100 (triton 3.6) autotuning this mode over the walk's space faulted (illegal memory access) at value dims of
@@ -201,7 +209,20 @@ def walk_tile(d: int) -> int:
     return max(WALK_MIN_TILE, next_power_of_2(d))
 
 
-def estimate_shared_bytes(BT: int, BK: int, BV: int, num_stages: int, elem_bytes: int, inter_only: bool = False) -> int:
+# mbarriers of the tensor-descriptor copies, with room: 40-80 B compiled (triton 3.6, sm_90)
+TMA_BARRIER_BYTES = 128
+
+
+def tma_store_bytes(BT: int, BV: int, elem_bytes: int) -> int:
+    """What tensor descriptors add to a walk program's shared memory: the [BT, BV] o tile staged for its store, and
+    the copies' barriers (sm_90, triton 3.6, bf16: +8,232 to 8,272 B at BT = BV = 64 with two or three stages,
+    +16,424 at BV = 128; the pre-pass, which stores no o, +48)."""
+    return BT * BV * elem_bytes + TMA_BARRIER_BYTES
+
+
+def estimate_shared_bytes(
+    BT: int, BK: int, BV: int, num_stages: int, elem_bytes: int, inter_only: bool = False, tma: bool = False
+) -> int:
     """An upper estimate of the shared memory of one walk program, fitted to the compiler's numbers on sm_90 (the
     arch that stages the most operands in shared memory; sm_80/120 builds of the same config use as much or less).
 
@@ -209,7 +230,8 @@ def estimate_shared_bytes(BT: int, BK: int, BV: int, num_stages: int, elem_bytes
     plus the v tile column (4·BK + elem·BT bytes, counted twice: layout conversions), and the [BT, BT] score tile.
     ``inter_only``: no score tile, but the compiler stages more of q, so half a [BT, BK] tile takes its place
     (sm_90, BT = 256, K = 128: 139,264 B compiled at BV = 32, estimate 163,840; 147,456 at BV = 64, estimate
-    229,376). ``tests/ops/test_aot.py`` checks it against compiled kernels.
+    229,376). ``tma``: tiles moved by tensor descriptors (:func:`tma_store_bytes` more; never in the inter-only
+    mode). ``tests/ops/test_aot.py`` checks it against compiled kernels.
     """
     qk = 2 * BT * BK * elem_bytes
     if num_stages < 2:
@@ -222,28 +244,36 @@ def estimate_shared_bytes(BT: int, BK: int, BV: int, num_stages: int, elem_bytes
         # pipelined loads: a q, k and v tile per stage (triton 3.6, sm_90, bf16, BT = BV = 64: 131,072 B compiled at
         # K = 128 with 3 stages, 172,032 with 4; 73,728 at K = 64 with 3; h100-2026-11-22r/chunk_sweep_d*.json)
         estimate = max(estimate, num_stages * BT * (2 * BK + BV) * elem_bytes + scores)
+    if tma and not inter_only:
+        estimate += tma_store_bytes(BT, BV, elem_bytes)
     return estimate
 
 
-def estimate_resident_shared_bytes(BT: int, BK: int, BV: int, num_stages: int, elem_bytes: int) -> int:
+def estimate_resident_shared_bytes(
+    BT: int, BK: int, BV: int, num_stages: int, elem_bytes: int, tma: bool = False
+) -> int:
     """Shared memory of one main-walk program as compiled for 16-bit inputs on sm_90, for the occupancy model (not
     for fitting: :func:`estimate_shared_bytes` is the upper bound over every precision).
 
     A q, k and v tile per pipeline stage (one without pipelining), the [BT, BT] score tile and the [BK, BV] state as
     the inter product's 16-bit operand. Compiled (triton 3.6 and 3.8, bf16, BT = BV = 64): K = 128 57,344 / 90,112 /
     131,072 B with 1 / 2 / 3 stages (this estimate: 65,536 / 106,496 / 147,456); K = 256, 2 stages 172,032 (188,416).
+    ``tma``: plus :func:`tma_store_bytes` (K = 128: 98,344 / 139,344 B with 2 / 3 stages).
     """
-    return max(1, num_stages) * BT * (2 * BK + BV) * elem_bytes + BT * BT * elem_bytes + BK * BV * 2
+    resident = max(1, num_stages) * BT * (2 * BK + BV) * elem_bytes + BT * BT * elem_bytes + BK * BV * 2
+    return resident + (tma_store_bytes(BT, BV, elem_bytes) if tma else 0)
 
 
-def walk_programs_per_sm(DK: int, DV: int, elem_bytes: int, block_limit: int, sm_shared: int) -> int:
+def walk_programs_per_sm(
+    DK: int, DV: int, elem_bytes: int, block_limit: int, sm_shared: int, tma: bool = False
+) -> int:
     """How many programs of the main walk's first configuration (the one the dispatcher tries first) one SM runs at
     once: bounded by shared memory (``sm_shared`` bytes per SM, the configuration chosen under ``block_limit`` per
     block) and by registers. On an H100, bf16: K = 128 with three stages 1 (131 KB each), with two or one 2 (by
-    registers); K = 64 2; K = 256 (8 warps) 1."""
-    cfg = select_configs(walk_autotune_configs(), DK, DV, elem_bytes, block_limit, prefer=True)[0]
+    registers); K = 64 2; K = 256 (8 warps) 1. ``tma``: the walk moves its tiles by tensor descriptors."""
+    cfg = select_configs(walk_autotune_configs(), DK, DV, elem_bytes, block_limit, prefer=True, tma=tma)[0]
     BT, BV = cfg.kwargs["BT"], cfg.kwargs["BV"]
-    shared = estimate_resident_shared_bytes(BT, walk_tile(DK), BV, cfg.num_stages, elem_bytes)
+    shared = estimate_resident_shared_bytes(BT, walk_tile(DK), BV, cfg.num_stages, elem_bytes, tma)
     by_shared = sm_shared // (shared + RESERVED_SHARED_PER_BLOCK)
     by_registers = REGISTERS_PER_SM // (cfg.num_warps * 32 * WALK_REGISTERS_PER_THREAD)
     return max(1, min(by_shared, by_registers))
@@ -286,9 +316,10 @@ def shared_limit(cc: int | None = None) -> int | None:
     return getattr(props, "shared_memory_per_block_optin", None) or SHARED_LIMITS.get(props.major * 10 + props.minor)
 
 
-def _preferred_first(configs, BK: int) -> list:
-    """``configs`` with those of :data:`PREFERRED_BY_BK` for this padded K moved to the front, in that order."""
-    preferred = PREFERRED_BY_BK.get(BK, ())
+def _preferred_first(configs, BK: int, tma: bool = False) -> list:
+    """``configs`` with those of :data:`PREFERRED_BY_BK` (:data:`PREFERRED_BY_BK_TMA` for a launch with tensor
+    descriptors) for this padded K moved to the front, in that order."""
+    preferred = (PREFERRED_BY_BK_TMA if tma else PREFERRED_BY_BK).get(BK, ())
     rank = {p: i for i, p in enumerate(preferred)}
 
     def key(cfg):
@@ -300,19 +331,19 @@ def _preferred_first(configs, BK: int) -> list:
 
 def select_configs(
     configs, DK: int, DV: int, elem_bytes: int, limit: int | None, max_configs: int = MAX_TUNED,
-    prefer: bool = False,
+    prefer: bool = False, tma: bool = False,
 ) -> list[triton.Config]:  # fmt: skip
     """Clamp BV to the walk's value tile, drop duplicates and what would not fit in ``limit`` bytes of shared memory,
     and keep the first ``max_configs`` (the order of the space is the order of preference; ``prefer``: the main
-    walk's :data:`PREFERRED_BY_BK` first). Tiles narrower than WALK_MIN_TILE only where nothing wider fits, and then
-    only with 8 warps.
+    walk's :data:`PREFERRED_BY_BK` first; ``tma``: the launch moves tiles by tensor descriptors). Tiles narrower
+    than WALK_MIN_TILE only where nothing wider fits, and then only with 8 warps.
 
     Never returns an empty list: if nothing fits the estimate, the smallest configuration is kept.
     """
     BK = walk_tile(DK)
     BVmax = walk_tile(DV)
     if prefer:
-        configs = _preferred_first(configs, BK)
+        configs = _preferred_first(configs, BK, tma)
     wide, narrow, seen = [], [], set()
     for cfg in configs:
         BT, BV = cfg.kwargs["BT"], min(cfg.kwargs["BV"], BVmax)
@@ -320,7 +351,7 @@ def select_configs(
         if key in seen:
             continue
         seen.add(key)
-        if limit is not None and estimate_shared_bytes(BT, BK, BV, cfg.num_stages, elem_bytes) > limit:
+        if limit is not None and estimate_shared_bytes(BT, BK, BV, cfg.num_stages, elem_bytes, tma=tma) > limit:
             continue
         config = walk_config({"BT": BT, "BV": BV}, cfg.num_warps, cfg.num_stages)
         if BV >= WALK_MIN_TILE:
@@ -362,7 +393,7 @@ def walk_prune_configs(configs, named_args, **kwargs):
     c = _prune_context(configs, named_args, kwargs)
     return select_configs(
         configs, c["DK"], c["DV"], c["elem_bytes"], c["limit"], max_configs=c["max_configs"],
-        prefer=not c["arg"]("STATE_ONLY", False),
+        prefer=not c["arg"]("STATE_ONLY", False), tma=bool(c["arg"]("USE_TMA", False)),
     )  # fmt: skip
 
 

@@ -103,6 +103,7 @@ def _dkdv_walk_kernel(
 
     C = tl.where(CS > 0, CS, BT)
     n_chunks = (eos - bos + C - 1) // C
+    p_walk = -o_t  # walk positions up to the chunk's shift (r = L - 1 - o_t): the decay matrix is built once
     for i_c in range(0, n_chunks):
         lo = bos + (n_chunks - 1 - i_c) * C
         L = tl.minimum(lo + C, eos) - lo
@@ -132,7 +133,7 @@ def _dkdv_walk_kernel(
             b_dv = b_dv * inter_dec
         if not INTER_ONLY:
             b_a = tl.dot(b_k, tl.trans(b_q), out_dtype=ACC, input_precision=DOT_PREC)
-            b_a = decayed_scores(b_a, r, c, scale, HAS_DECAY, ACC).to(b_do.dtype)
+            b_a = decayed_scores(b_a, p_walk, c, scale, HAS_DECAY, ACC).to(b_do.dtype)
             b_dv = tl.dot(b_a, b_do, b_dv, out_dtype=ACC, input_precision=DOT_PREC)
         tl.store(p_dv + rows[:, None] * sdv_t + o_v[None, :], b_dv.to(dv.dtype.element_ty), mask=m_tv)
         # dk: inter λ^(r+d0) v Gᵀ, intra from (v doᵀ) and q
@@ -144,7 +145,7 @@ def _dkdv_walk_kernel(
             b_dk = b_dk * inter_dec
         if not INTER_ONLY:
             b_b = tl.dot(b_v, tl.trans(b_do), out_dtype=ACC, input_precision=DOT_PREC)
-            b_b = decayed_scores(b_b, r, c, scale, HAS_DECAY, ACC).to(b_q.dtype)
+            b_b = decayed_scores(b_b, p_walk, c, scale, HAS_DECAY, ACC).to(b_q.dtype)
             b_dk = tl.dot(b_b, b_q, b_dk, out_dtype=ACC, input_precision=DOT_PREC)
         tl.store(p_dk + rows[:, None] * sdk_t + o_k[None, :], b_dk.to(dk.dtype.element_ty), mask=m_tk)
 

@@ -80,12 +80,14 @@ def _segment(i_s, cu_seqlens, seg_table, T, NS, SEG, VARLEN: tl.constexpr):
 
 
 @triton.jit
-def decayed_scores(b_a, r, c, scale, HAS_DECAY: tl.constexpr, ACC: tl.constexpr):
-    """scale · (A ⊙ D) for a [BT, BT] score tile A: D_ij = λ^(r_i - r_j) where r_i >= r_j (walk positions r [BT]),
-    else 0. Built directly from the distance (every exponent >= 0: no overflow, no inf·0); λ^x = exp2(-c·x)."""
-    causal = r[:, None] >= r[None, :]
+def decayed_scores(b_a, p, c, scale, HAS_DECAY: tl.constexpr, ACC: tl.constexpr):
+    """scale · (A ⊙ D) for a [BT, BT] score tile A: D_ij = λ^(p_i - p_j) where p_i >= p_j, else 0, for walk
+    positions p [BT] up to a shift common to the chunk (only differences are used: callers pass ``o_t`` or ``-o_t``,
+    the same for every chunk, so the compiler builds D once, outside the chunk loop). Built directly from the
+    distance (every exponent >= 0: no overflow, no inf·0); λ^x = exp2(-c·x)."""
+    causal = p[:, None] >= p[None, :]
     if HAS_DECAY:
-        dist = tl.maximum(r[:, None] - r[None, :], 0).to(ACC)
+        dist = tl.maximum(p[:, None] - p[None, :], 0).to(ACC)
         return tl.where(causal, b_a * (tl.exp2(-c * dist) * scale), 0.0)
     else:
         return tl.where(causal, b_a * scale, 0.0)
@@ -130,6 +132,7 @@ def _walk_kernel(
     SKIP_FINAL: tl.constexpr,  # STATE_ONLY without a final state: the walk's last segment is not walked
     INTER_ONLY: tl.constexpr,  # o without its intra-chunk term (hybrid attention, issue 7)
     INTER_APART: tl.constexpr,  # q·S added after the intra product, not its accumulator (configs.walk_config)
+    USE_TMA: tl.constexpr,  # tiles moved by tensor descriptors (sm_90 TMA); the host checks alignment, C == BT
     ACC: tl.constexpr,  # tl.float32 (tl.float64 for fp64 inputs under the interpreter)
     DOT_PREC: tl.constexpr,  # "ieee" for fp32/fp64 operands, else the tensor-core default
     INTER_PREC: tl.constexpr,  # (q·λ)·S: "ieee" (fp32 inputs), "tf32" (fp32 operands), "input" (bf16 operands)
@@ -161,6 +164,16 @@ def _walk_kernel(
     p_v = v + i_b64 * sv_b + i_h64 * sv_h
     p_o = o + i_b64 * so_b + i_h64 * so_h
 
+    if USE_TMA:
+        # one descriptor per tensor over the rows [0, eos) of this (batch row, head): rows >= eos and columns >= DK
+        # / DV read as zeros and are not written, as the masks below do, with no per-element address or mask in
+        # registers (the copy engine computes them). Chunks end at eos or at C == BT tokens (no inter-only mode).
+        d_k = tl.make_tensor_descriptor(p_k, shape=[eos, DK], strides=[sk_t, 1], block_shape=[BT, BK])
+        d_v = tl.make_tensor_descriptor(p_v, shape=[eos, DV], strides=[sv_t, 1], block_shape=[BT, BV])
+        if not STATE_ONLY:
+            d_q = tl.make_tensor_descriptor(p_q, shape=[eos, DK], strides=[sq_t, 1], block_shape=[BT, BK])
+            d_o = tl.make_tensor_descriptor(p_o, shape=[eos, DV], strides=[so_t, 1], block_shape=[BT, BV])
+
     # incoming state [BK, BV]: a segment boundary state from the scan, the initial state, or zeros
     b_s = tl.zeros([BK, BV], dtype=ACC)
     if SEG_IN:
@@ -181,6 +194,12 @@ def _walk_kernel(
     # (segments start at multiples of C) in both directions
     C = tl.where(CS > 0, CS, BT)
     n_chunks = (eos - bos + C - 1) // C
+    # walk positions up to the chunk's shift, for the intra decay: r_i - r_j = p_i - p_j (reverse: r = L - 1 - o_t),
+    # and p does not depend on the chunk (the decay matrix is built once; padding rows compare the same way)
+    if REVERSE:
+        p_walk = -o_t
+    else:
+        p_walk = o_t
     if SKIP_FINAL:  # the walk's last segment (the first one of a reverse walk): zeros stored, nothing read
         if REVERSE:
             n_chunks = tl.where(first, 0, n_chunks)
@@ -199,15 +218,22 @@ def _walk_kernel(
             r = o_t
         rows = tl.cast(lo, tl.int64) + o_t  # [BT] token index in the batch row (int64 addresses)
 
-        b_k = tl.load(p_k + rows[:, None] * sk_t + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
-        b_v = tl.load(p_v + rows[:, None] * sv_t + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
+        if USE_TMA:
+            b_k = d_k.load([lo, 0])
+            b_v = d_v.load([lo, i_v * BV])
+        else:
+            b_k = tl.load(p_k + rows[:, None] * sk_t + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
+            b_v = tl.load(p_v + rows[:, None] * sv_t + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
         if HAS_DECAY:
             # λ^(L-1-r): decay from the token to the chunk's last walk position; padding rows selected to 0
             k_dec = tl.where(m_t, tl.exp2(-c * tl.maximum(L - 1 - r, 0).to(ACC)), 0.0)
             blk_dec = tl.exp2(-c * (L - 1 + d0).to(ACC))
 
         if not STATE_ONLY:
-            b_q = tl.load(p_q + rows[:, None] * sq_t + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
+            if USE_TMA:
+                b_q = d_q.load([lo, 0])
+            else:
+                b_q = tl.load(p_q + rows[:, None] * sq_t + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
             # inter: λ^(r+d0) q · S with the factor applied to the product's rows (q goes to the tensor cores as
             # loaded; no [BT, K] fp32 copy live); the carried state stays fp32, only the product's operands may be
             # rounded
@@ -225,16 +251,19 @@ def _walk_kernel(
                 b_a = tl.dot(b_q, tl.trans(b_k), out_dtype=ACC, input_precision=DOT_PREC)  # [BT, BT]
                 if INTER_APART:
                     # scaled after the product: `b_o + tl.dot(...)` alone is folded back into the accumulator form
-                    b_a = decayed_scores(b_a, r, c, 1.0, HAS_DECAY, ACC).to(b_v.dtype)
+                    b_a = decayed_scores(b_a, p_walk, c, 1.0, HAS_DECAY, ACC).to(b_v.dtype)
                     b_o = b_o + scale_intra * tl.dot(b_a, b_v, out_dtype=ACC, input_precision=DOT_PREC)  # [BT, BV]
                 else:
-                    b_a = decayed_scores(b_a, r, c, scale_intra, HAS_DECAY, ACC).to(b_v.dtype)
+                    b_a = decayed_scores(b_a, p_walk, c, scale_intra, HAS_DECAY, ACC).to(b_v.dtype)
                     b_o = tl.dot(b_a, b_v, b_o, out_dtype=ACC, input_precision=DOT_PREC)  # [BT, BV]
-            tl.store(
-                p_o + rows[:, None] * so_t + o_v[None, :],
-                b_o.to(o.dtype.element_ty),
-                mask=m_t[:, None] & m_v[None, :],
-            )
+            if USE_TMA:
+                d_o.store([lo, i_v * BV], b_o.to(o.dtype.element_ty))
+            else:
+                tl.store(
+                    p_o + rows[:, None] * so_t + o_v[None, :],
+                    b_o.to(o.dtype.element_ty),
+                    mask=m_t[:, None] & m_v[None, :],
+                )
 
         # state update: S = λ^(L-1+d0) S + scale_upd · Kᵀ (λ^(L-1-r) V), operands in the input dtype (the row factor
         # on the [BT, BV] v tile, the smaller operand)
@@ -263,7 +292,7 @@ _CACHE = {"cache_results": True} if "cache_results" in inspect.signature(triton.
 # stages, one program per SM, for a grid of <= 132 programs; two stages, two per SM, for the backward's walks of
 # larger grids), so the two are tuned apart; the rest of the shape (T, batch) is left out of the key
 _AUTOTUNE_KEY = [
-    "DK", "DV", "VARLEN", "REVERSE", "HAS_DECAY", "STATE_ONLY", "SEG_IN", "USE_H0", "INTER_ONLY", "WAVES",
+    "DK", "DV", "VARLEN", "REVERSE", "HAS_DECAY", "STATE_ONLY", "SEG_IN", "USE_H0", "INTER_ONLY", "USE_TMA", "WAVES",
 ]  # fmt: skip
 
 # BT and BV tuned: the full op (its chunk size is an implementation detail)
