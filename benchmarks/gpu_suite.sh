@@ -155,6 +155,11 @@ for stage in ${stages//,/ }; do
                     run tma_host_old 90 env PYTHONPATH="$PWD/.old:$PYTHONPATH" python3 benchmarks/host_overhead.py \
                         --shapes "$TMA_HOST_SHAPES" --out "$res/tma_host_old.json"
                     run tma_verify_s4 60 python3 benchmarks/inter_debug.py --pins 128 "BT=64,BV=64,num_warps=4,num_stages=4" ;;
+        # grid (b)'s shortest point (batch 1 at 32K): device time (graph replay) against host time, and where the host
+        # time of one fwd+bwd goes
+        host_b32k) run host_b32k 90 python3 benchmarks/host_overhead.py --shapes 1x32768,2x32768 --out "$res/host_b32k.json"
+                   run host_profile_b32k 60 python3 benchmarks/host_profile.py --shape 1x32768 --calls 100 \
+                       --out "$res/host_profile_b32k.txt" ;;
         tables) run tables 60 python3 benchmarks/perf_tables.py "$res" --out "$res/tables.md" ;;  # last: reads all
         model) run model 150 python3 -m lightning_attention.bench.model_timing --contexts 2048 8192 32768 65536 \
                    --loss-steps 0 ;;

@@ -18,6 +18,7 @@ Under ``TRITON_INTERPRET=1`` (CPU tensors) the same rules apply as on an sm_90 G
 the H100 runs.
 """
 
+import functools
 import os
 
 import torch
@@ -29,26 +30,36 @@ TMA_MIN_CAPABILITY = 9  # Hopper: the tensor memory accelerator
 TMA_ALIGN = 16  # bytes: start address and every stride but the last
 
 
+@functools.lru_cache(maxsize=None)
+def _capability_major(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]
+
+
+_HAS_DESCRIPTORS = hasattr(tl, "make_tensor_descriptor")
+
+
 def tma_enabled(device: torch.device) -> bool:
     """An sm_90+ GPU, or the CPU (the interpreter), with a Triton that has in-kernel descriptors, unless turned off."""
-    if not hasattr(tl, "make_tensor_descriptor") or os.environ.get(ENV_TMA, "1") == "0":
+    if not _HAS_DESCRIPTORS or os.environ.get(ENV_TMA, "1") == "0":
         return False
-    return device.type != "cuda" or torch.cuda.get_device_capability(device)[0] >= TMA_MIN_CAPABILITY
-
-
-def _aligned(x: torch.Tensor) -> bool:
-    """``x`` [B, T, H, D] with a contiguous last dim: start and batch / token / head strides on 16-byte multiples."""
-    elem = x.element_size()
-    return (
-        x.stride(-1) == 1
-        and x.data_ptr() % TMA_ALIGN == 0
-        and all(s * elem % TMA_ALIGN == 0 for s in x.stride()[:3])
-    )
+    if device.type != "cuda":
+        return True
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _capability_major(index) >= TMA_MIN_CAPABILITY
 
 
 def tma_ready(*tensors: torch.Tensor) -> bool:
-    """Whether the walk may load and store ``tensors`` (each [B, T, H, D]) through tensor descriptors."""
-    return tma_enabled(tensors[0].device) and all(_aligned(x) for x in tensors)
+    """Whether the walk may load and store ``tensors`` (each [B, T, H, D], contiguous last dim) through tensor
+    descriptors: start and batch / token / head strides on 16-byte multiples. Called on every walk launch, so kept to
+    a few integer operations per tensor (the element size is a power of two: the OR of the strides times it is a
+    multiple of 16 exactly when each stride times it is)."""
+    if not tma_enabled(tensors[0].device):
+        return False
+    for x in tensors:
+        s = x.stride()
+        if s[-1] != 1 or (x.data_ptr() | (s[0] | s[1] | s[2]) * x.element_size()) % TMA_ALIGN:
+            return False
+    return True
 
 
 def _torch_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:

@@ -32,6 +32,10 @@ anything: its local state only feeds the final state, so the pre-pass reads (ns 
 
 Decay lives in log2 space: c = slope · log2(e), λ^x = exp2(-c·x), every exponent x >= 0 on the entries that are used
 (padding rows are selected away with ``tl.where``, never multiplied by a 0/1 mask).
+
+Tiles move in one of two ways, the same values either way: with USE_TMA through tensor descriptors made in the
+kernel (Hopper's copy engine: rows past the segment's end and columns past the head dim read as zeros and are not
+written; ``ops/lightning/tma.py`` says when), else through pointers with masks.
 """
 
 import inspect
