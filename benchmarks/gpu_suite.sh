@@ -80,8 +80,9 @@ for stage in ${stages//,/ }; do
         # the segmented part of grid (a) with FLA, and grid (b) ours only (FLA's grid (b) compile alone takes ~3 min)
         kernels_a_long) run kernels_a_long 300 python3 -m lightning_attention.bench kernels --grid a --ours chunk \
                             --baselines fla --seqlens 16384,32768,65536 --out "$res/kernels_a_long" ;;
-        kernels_b_ours) run kernels_b_ours 120 python3 -m lightning_attention.bench kernels --grid b --ours chunk \
-                            --baselines none --out "$res/kernels_b_ours" ;;
+        # (with CUDA-graph replays beside the plain calls: at batch 1 and 32K the fwd+bwd waits on the host)
+        kernels_b_ours) run kernels_b_ours 150 python3 -m lightning_attention.bench kernels --grid b --ours chunk \
+                            --baselines none --cuda-graphs --out "$res/kernels_b_ours" ;;
         kernels_b) run kernels_b 200 python3 -m lightning_attention.bench kernels --grid b --ours chunk,recompute \
                        --out "$res/kernels_b" ;;
         head_dims) run head_dims 270 python3 -m lightning_attention.bench kernels --grid a --head-dims 64,256 \

@@ -299,6 +299,20 @@ def test_speedups_pair_ours_with_every_other_provider():
     assert [(r["ours"], r["baseline"], r["fwd"]) for r in rows] == [("torch", "sdpa", 0.5)]
 
 
+def test_tokens_table_shows_graph_replays_where_timed():
+    """--cuda-graphs adds a '(graph)' row with its own flatness; providers without replays keep one row."""
+
+    def rec(provider, T, tps, graph_tps=None):
+        r = {"provider": provider, "grid": "b", "seqlen": T, "status": "ok", "tokens_per_s_fwdbwd": tps}
+        return r if graph_tps is None else {**r, "tokens_per_s_fwdbwd_graph": graph_tps}
+
+    results = [rec("ours-chunk", 32768, 2.0e7, 3.5e7), rec("ours-chunk", 131072, 3.6e7, 3.6e7), rec("fla", 32768, 1e7)]
+    table = kernels.tokens_table(results, "b").splitlines()
+    assert [line.split()[0] for line in table[2:]] == ["ours-chunk", "ours-chunk", "fla"]
+    assert "(graph)" in table[3] and "(graph)" not in table[2] + table[4]
+    assert table[3].split()[-1] == "0.0141"  # replays 3.5e7 and 3.6e7: ±0.05e7 around 3.55e7
+
+
 def test_writer_keeps_valid_json_and_helpers(tmp_path):
     writer = ResultWriter(tmp_path / "x.json", "kernels", {"gpu": None}, "machine", {"a": 1})
     writer.add("results", {"err": math.nan, "ms": 1.5})

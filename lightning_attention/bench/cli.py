@@ -97,6 +97,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             p.add_argument(
                 "--seqlens", type=_int_list, default=None, help="override the grid's sequence lengths (e.g. 2048,32768)"
             )
+            p.add_argument(
+                "--cuda-graphs",
+                action="store_true",
+                help="also time each fwd+bwd as a CUDA-graph replay (device time without host time; grid (b)'s "
+                "flatness may use it, DESIGN §4)",
+            )
         elif name == "decode":
             p.add_argument("--batches", type=_int_list, default=None, help="default 1,8,64,256")
             p.add_argument("--memory-tokens", type=_int_list, default=None, help="default 1024,1048576")

@@ -25,6 +25,7 @@ import time
 import torch
 
 import lightning_attention as la
+from lightning_attention.bench.timing import graphed
 
 HBM_BYTES_PER_S = 3.0e12  # H100 80GB copy ceiling measured for DESIGN §4 (3.02 TB/s)
 
@@ -66,20 +67,6 @@ def _gpu_us(fn, device: torch.device) -> float | None:
     return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")) * 1e3
 
 
-def _graphed(fn, device: torch.device):
-    """Captures one call of ``fn`` in a CUDA graph (after warm-up calls on a side stream); returns replay."""
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream(device).wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
 def _time_all(prefix: str, fn, device: torch.device, cuda_graph: bool, steps: int, reps: int, warmup: int) -> dict:
     for _ in range(warmup):  # compile / autotune / allocator warm-up
         fn()
@@ -90,7 +77,7 @@ def _time_all(prefix: str, fn, device: torch.device, cuda_graph: bool, steps: in
     }
     if cuda_graph and device.type == "cuda":
         try:
-            replay = _graphed(fn, device)
+            replay = graphed(fn, device)
         except Exception as e:  # a baseline that cannot be captured is reported, not fatal
             res[f"{prefix}_graph_error"] = f"{type(e).__name__}: {e}"
         else:

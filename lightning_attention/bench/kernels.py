@@ -23,6 +23,7 @@ from lightning_attention.bench.registry import Provider, Shape, ShapeSet
 from lightning_attention.bench.results import ResultWriter, fmt, format_table, load_plots
 from lightning_attention.bench.timing import (
     bench,
+    graphed,
     measure_copy_bandwidth,
     peak_memory,
     record_failure,
@@ -58,8 +59,10 @@ def measure_case(
     warmup_ms: float,
     rep_ms: float,
     seed: int,
+    cuda_graphs: bool = False,
 ) -> dict:
-    """Every number of one (provider, shape) point; never raises for a provider failure (status says what happened)."""
+    """Every number of one (provider, shape) point; never raises for a provider failure (status says what happened).
+    ``cuda_graphs``: also the fwd+bwd as a CUDA-graph replay (:func:`_graph_replay`)."""
     record = {"grid": grid, "provider": provider.name, "family": provider.family, **shape.to_json()}
     record["tokens"] = shape.tokens
     if provider.max_seqlen is not None and shape.seqlen > provider.max_seqlen:
@@ -115,12 +118,31 @@ def measure_case(
                 workspace_bytes=workspace,
                 workspace_ratio=workspace / metrics.input_bytes(shape),
             )
+        if cuda_graphs and device.type == "cuda":
+            record.update(_graph_replay(prepared, shape, device, warmup_ms, rep_ms))
     except Exception as exc:  # noqa: BLE001 - one provider failing must not stop the run
         record_failure(record, exc)
     finally:
         del inputs, prepared
         release(device)
     return record
+
+
+def _graph_replay(prepared, shape: Shape, device: torch.device, warmup_ms: float, rep_ms: float) -> dict:
+    """The fwd+bwd captured once in a CUDA graph and timed as replays: the device's time without the host's (launches,
+    autograd), which DESIGN §4 lets grid (b) take out at batch 1. A provider that cannot be captured gets the reason
+    instead of a time (its plain timing stands)."""
+    try:
+        replay = graphed(prepared.forward_backward, device)
+    except Exception as exc:  # noqa: BLE001 - a capture failure is a finding about the provider, not a crash
+        return {"fwdbwd_graph_error": f"{type(exc).__name__}: {exc}"[:300]}
+    timing = bench(replay, device, warmup_ms=warmup_ms, rep_ms=rep_ms)
+    return {
+        "fwdbwd_graph_ms": timing.median_ms,
+        "fwdbwd_graph_p20_ms": timing.p20_ms,
+        "fwdbwd_graph_p80_ms": timing.p80_ms,
+        "tokens_per_s_fwdbwd_graph": metrics.tokens_per_s(shape.tokens, timing.median_ms),
+    }
 
 
 def _clear(leaves: list[torch.Tensor]) -> None:
@@ -222,21 +244,29 @@ def runtime_table(results: list[dict], grid: str) -> str:
 
 
 def tokens_table(results: list[dict], grid: str) -> str:
-    """Tokens/s of fwd+bwd per provider and T, with the flatness (max deviation from the mean) of each row."""
+    """Tokens/s of fwd+bwd per provider and T, with the flatness (max deviation from the mean) of each row; a second
+    row per provider for the CUDA-graph replays where they were timed (``--cuda-graphs``)."""
     rows = [r for r in results if r["grid"] == grid]
     seqlens = sorted({r["seqlen"] for r in rows})
     lines = []
     for name in dict.fromkeys(r["provider"] for r in rows):
         at = {r["seqlen"]: r for r in rows if r["provider"] == name}
-        cells = [name]
-        for t in seqlens:
-            r = at.get(t)
-            ok = r is not None and r.get("status") == "ok"
-            cells.append(fmt(r["tokens_per_s_fwdbwd"]) if ok else (r.get("status", "-").upper() if r else "-"))
-        values = [at[t]["tokens_per_s_fwdbwd"] for t in seqlens if at.get(t, {}).get("status") == "ok"]
-        cells.append(fmt(metrics.flatness(values)))
-        lines.append(cells)
+        for key, label in (("tokens_per_s_fwdbwd", name), ("tokens_per_s_fwdbwd_graph", f"{name} (graph)")):
+            if key != "tokens_per_s_fwdbwd" and not any(key in r for r in at.values()):
+                continue
+            cells = [label]
+            for t in seqlens:
+                r = at.get(t)
+                ok = r is not None and r.get("status") == "ok" and r.get(key) is not None
+                cells.append(fmt(r[key]) if ok else (r.get("status", "-").upper() if r else "-"))
+            cells.append(fmt(metrics.flatness(_ok_values(at, seqlens, key))))
+            lines.append(cells)
     return format_table(["provider", *(f"T={t}" for t in seqlens), "±max"], lines)
+
+
+def _ok_values(at: dict, seqlens: list[int], key: str) -> list[float]:
+    """``key`` of the ok records among ``at`` (seqlen -> record) at ``seqlens``, where present."""
+    return [at[t][key] for t in seqlens if at.get(t, {}).get("status") == "ok" and at[t].get(key) is not None]
 
 
 def _shape_sets(args) -> list[tuple[int, ShapeSet]]:
@@ -284,6 +314,7 @@ def run(args, device: torch.device, writer: ResultWriter, out: pathlib.Path) -> 
                         warmup_ms=args.warmup_ms,
                         rep_ms=args.rep_ms,
                         seed=args.seed,
+                        cuda_graphs=getattr(args, "cuda_graphs", False),
                     )
                     writer.add("results", record)
                     if record["status"] not in ("ok", "skipped"):
@@ -308,17 +339,18 @@ def run(args, device: torch.device, writer: ResultWriter, out: pathlib.Path) -> 
             if r.get("cold_start_s") is not None
         ],
     )
-    flat = {}
-    for name in writer.doc["grids"]:
-        if "b-d" in name:
-            for provider in chosen:
-                values = [
-                    r["tokens_per_s_fwdbwd"]
-                    for r in results
-                    if r["grid"] == name and r["provider"] == provider.name and r.get("status") == "ok"
-                ]
-                flat[f"{provider.name}/{name}"] = metrics.flatness(values)
-    writer.set("tokens_per_s_flatness", flat)
+    for key, doc_key in (("tokens_per_s_fwdbwd", "tokens_per_s_flatness"),
+                         ("tokens_per_s_fwdbwd_graph", "tokens_per_s_flatness_graph")):  # fmt: skip
+        flat = {}
+        for name in writer.doc["grids"]:
+            if "b-d" in name:
+                for provider in chosen:
+                    at = {r["seqlen"]: r for r in results if r["grid"] == name and r["provider"] == provider.name}
+                    values = _ok_values(at, sorted(at), key)
+                    if values:
+                        flat[f"{provider.name}/{name}"] = metrics.flatness(values)
+        if flat or doc_key == "tokens_per_s_flatness":
+            writer.set(doc_key, flat)
     figures = report(writer.doc, out, writer)
     statuses = [r["status"] for r in results]
     return {

@@ -69,6 +69,21 @@ def bench(
     return Timing(statistics.median(times), q[1], q[7])
 
 
+def graphed(fn: Callable[[], object], device: torch.device) -> Callable[[], None]:
+    """Captures one call of ``fn`` in a CUDA graph (after three warm-up calls on a side stream, which finish any
+    compiling and autotuning) and returns the graph's replay: ``fn``'s device work without its host time."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def wall_seconds(fn: Callable[[], object], device: torch.device) -> float:
     """Wall-clock seconds of one synchronised call (used for the cold start: compile + autotune + run)."""
     synchronize(device)
