@@ -132,8 +132,13 @@ def _graph_replay(prepared, shape: Shape, device: torch.device, warmup_ms: float
     """The fwd+bwd captured once in a CUDA graph and timed as replays: the device's time without the host's (launches,
     autograd), which DESIGN §4 lets grid (b) take out at batch 1. A provider that cannot be captured gets the reason
     instead of a time (its plain timing stands)."""
+
+    def fresh_gradients():  # as the plain timing (grad_to_none): no accumulation into the previous call's .grad
+        _clear(prepared.leaves)  # host-side, so it runs at capture: the captured backward assigns, never adds
+        prepared.forward_backward()
+
     try:
-        replay = graphed(prepared.forward_backward, device)
+        replay = graphed(fresh_gradients, device)
     except Exception as exc:  # noqa: BLE001 - a capture failure is a finding about the provider, not a crash
         return {"fwdbwd_graph_error": f"{type(exc).__name__}: {exc}"[:300]}
     timing = bench(replay, device, warmup_ms=warmup_ms, rep_ms=rep_ms)
