@@ -94,8 +94,8 @@ def test_occupancy_estimate_covers_the_compiled_forward_walks(ci_builds):
 
 def test_walk_programs_per_sm_on_an_h100():
     """Programs per SM of the first configuration the dispatcher tries (bf16, sm_90: 233,472 B of shared memory per
-    SM): three stages at K = 128 hold 131 KB (one program), K = 64 is bound by registers (two 4-warp programs of 255
-    registers), K = 256 runs one 8-warp program."""
+    SM), with tensor descriptors as an H100 launches them: four stages at K = 128 hold 180 KB (one program), K = 64 is
+    bound by registers (two 4-warp programs of 255 registers), K = 256 runs one 8-warp program."""
     from lightning_attention.ops.lightning.kernels.configs import SHARED_LIMITS, SHARED_PER_SM, walk_programs_per_sm
 
     def per_sm(d):

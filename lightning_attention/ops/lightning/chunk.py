@@ -214,10 +214,7 @@ def _acc(dtype: torch.dtype):
 
 def _precisions(dtype: torch.dtype):
     """(DOT_PREC, INTER_PREC): exact products for fp32/fp64 inputs; for fp16 the inter product (λq)·S in tf32 on fp32
-    operands (the state is never rounded to fp16: its values outgrow fp16); for bf16 ``LIGHTNING_ATTENTION_TMA``
-    ``0``: the walk loads and stores through pointers everywhere (default: tensor descriptors where
-    :mod:`~lightning_attention.ops.lightning.tma` allows them).
-``LIGHTNING_ATTENTION_BF16_INTER``
+    operands (the state is never rounded to fp16: its values outgrow fp16); for bf16 ``LIGHTNING_ATTENTION_BF16_INTER``
     = ``input`` (default: operands rounded to bf16 for the tensor-core product, as FLA does; 1.25× faster on an H100,
     benchmarks/results/chunk_sweep_h100.json) or ``tf32`` (fp32 operands)."""
     if dtype in (torch.float32, torch.float64):

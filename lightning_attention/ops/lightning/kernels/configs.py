@@ -269,8 +269,9 @@ def walk_programs_per_sm(
 ) -> int:
     """How many programs of the main walk's first configuration (the one the dispatcher tries first) one SM runs at
     once: bounded by shared memory (``sm_shared`` bytes per SM, the configuration chosen under ``block_limit`` per
-    block) and by registers. On an H100, bf16: K = 128 with three stages 1 (131 KB each), with two or one 2 (by
-    registers); K = 64 2; K = 256 (8 warps) 1. ``tma``: the walk moves its tiles by tensor descriptors."""
+    block) and by registers. On an H100, bf16: K = 128 with three or four stages 1 (131 / 180 KB each with pointers /
+    descriptors), with two or one 2 (by registers); K = 64 2; K = 256 (8 warps) 1. ``tma``: the walk moves its tiles
+    by tensor descriptors."""
     cfg = select_configs(walk_autotune_configs(), DK, DV, elem_bytes, block_limit, prefer=True, tma=tma)[0]
     BT, BV = cfg.kwargs["BT"], cfg.kwargs["BV"]
     shared = estimate_resident_shared_bytes(BT, walk_tile(DK), BV, cfg.num_stages, elem_bytes, tma)

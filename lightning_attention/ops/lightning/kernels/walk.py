@@ -292,9 +292,10 @@ def _walk_kernel(
 
 # tuning results cached on disk where this Triton has the option (3.3+): a new process skips the tuning runs
 _CACHE = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
-# WAVES: whether the grid fits the GPU in one round decides the best pipeline depth (K = 128 on an H100: three
-# stages, one program per SM, for a grid of <= 132 programs; two stages, two per SM, for the backward's walks of
-# larger grids), so the two are tuned apart; the rest of the shape (T, batch) is left out of the key
+# WAVES: whether the grid fits the GPU in one round decides the best pipeline depth (K = 128 on an H100 through
+# pointers: three stages, one program per SM, for a grid of <= 132 programs; two stages, two per SM, for the
+# backward's walks of larger grids), so the two are tuned apart; USE_TMA too (with descriptors four and three stages
+# are the pair, configs.PREFERRED_BY_BK_TMA); the rest of the shape (T, batch) is left out of the key
 _AUTOTUNE_KEY = [
     "DK", "DV", "VARLEN", "REVERSE", "HAS_DECAY", "STATE_ONLY", "SEG_IN", "USE_H0", "INTER_ONLY", "USE_TMA", "WAVES",
 ]  # fmt: skip
