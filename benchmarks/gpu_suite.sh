@@ -161,6 +161,17 @@ for stage in ${stages//,/ }; do
         host_b32k) run host_b32k 90 python3 benchmarks/host_overhead.py --shapes 1x32768,2x32768 --out "$res/host_b32k.json"
                    run host_profile_b32k 60 python3 benchmarks/host_profile.py --shape 1x32768 --calls 100 \
                        --out "$res/host_profile_b32k.txt" ;;
+        # the same at K = 64 (two programs per SM up to four stages there: 57 / 82 / 107 KB), and K = 256's two tuned
+        # configurations with descriptors
+        tma_stages_d64) for shape in "8 8192" "4 16384" "1 65536"; do
+                            set -- $shape
+                            run "tma_sweep_d64_$2" 100 python3 benchmarks/chunk_sweep.py --D 64 --B "$1" --T "$2" --inter input \
+                                --configs "$TMA_STAGES_D128" --out "$res/tma_sweep_d64_$2.json"
+                        done
+                        run tma_sweep_d256_4096 100 python3 benchmarks/chunk_sweep.py --D 256 --B 16 --T 4096 --inter input \
+                            --configs "BT=64,BV=64,num_warps=8,num_stages=2;BT=64,BV=64,num_warps=4,num_stages=1" \
+                            --out "$res/tma_sweep_d256_4096.json"
+                        run tma_verify_d64_s4 60 python3 benchmarks/inter_debug.py --pins 64 "BT=64,BV=64,num_warps=4,num_stages=4" ;;
         tables) run tables 60 python3 benchmarks/perf_tables.py "$res" --out "$res/tables.md" ;;  # last: reads all
         model) run model 150 python3 -m lightning_attention.bench.model_timing --contexts 2048 8192 32768 65536 \
                    --loss-steps 0 ;;
