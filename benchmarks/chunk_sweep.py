@@ -30,8 +30,9 @@ CONFIGS = [
 
 def child(B: int, T: int, H: int, D: int) -> dict:
     import triton
-    from kernel_problem import make_problem
+    from kernel_problem import apply_probe_overrides, make_problem
 
+    apply_probe_overrides()
     from lightning_attention.ops.lightning.kernels import walk
 
     problem = make_problem(B, T, H, D)

@@ -172,6 +172,15 @@ for stage in ${stages//,/ }; do
                             --configs "BT=64,BV=64,num_warps=8,num_stages=2;BT=64,BV=64,num_warps=4,num_stages=1" \
                             --out "$res/tma_sweep_d256_4096.json"
                         run tma_verify_d64_s4 60 python3 benchmarks/inter_debug.py --pins 64 "BT=64,BV=64,num_warps=4,num_stages=4" ;;
+        # 32-wide value tiles with 4 warps at K = 256 through descriptors (three stages fit: 225 KB, no spills in a local
+        # build), admitted for the probe only (PROBE_WALK_MIN_TILE; configs.WALK_MIN_TILE keeps them out: with pointers
+        # they faulted in session 4): checked against float64 first, then timed beside the tuned configuration
+        narrow_probe) NARROW_D256="BT=64,BV=32,num_warps=4,num_stages=3;BT=64,BV=32,num_warps=4,num_stages=2"
+                      run narrow_verify_d256 150 env PROBE_WALK_MIN_TILE=32 python3 benchmarks/inter_debug.py --pins 256 \
+                          "$NARROW_D256"
+                      run narrow_sweep_d256 150 env PROBE_WALK_MIN_TILE=32 python3 benchmarks/chunk_sweep.py --D 256 --B 16 \
+                          --T 4096 --inter input --configs "$NARROW_D256;BT=64,BV=64,num_warps=8,num_stages=2" \
+                          --out "$res/narrow_sweep_d256.json" ;;
         tables) run tables 60 python3 benchmarks/perf_tables.py "$res" --out "$res/tables.md" ;;  # last: reads all
         model) run model 150 python3 -m lightning_attention.bench.model_timing --contexts 2048 8192 32768 65536 \
                    --loss-steps 0 ;;

@@ -21,6 +21,10 @@ import subprocess
 import sys
 
 CASE = r"""
+import sys
+sys.path.insert(0, {bench_dir!r})
+from kernel_problem import apply_probe_overrides
+apply_probe_overrides()
 import torch, lightning_attention as la
 from lightning_attention.ops.lightning.chunk import lightning_attn_inter_triton
 from lightning_attention.ops.lightning.inter import inter_lightning_attn_torch
@@ -86,7 +90,8 @@ def run_case(K: int, V: int, C: int, seg: str, pin: str) -> None:
         env["LIGHTNING_ATTENTION_SEGMENT_LEN"] = seg
     if pin:
         env["LIGHTNING_ATTENTION_KERNEL_CONFIG"] = pin
-    proc = subprocess.run([sys.executable, "-c", CASE.format(K=K, V=V, C=C)], env=env, capture_output=True, text=True)
+    code = CASE.format(K=K, V=V, C=C, bench_dir=os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     lines = (proc.stdout + proc.stderr).strip().splitlines()
     result = [line for line in lines if line.startswith("o=")]
     where = [line for line in lines if 'File "/work' in line][-2:]

@@ -43,6 +43,21 @@ def make_problem(B: int, T: int, H: int = 16, D: int = 128, dtype=torch.bfloat16
     return Problem(q, k, v, do, slope, fwd, fwd_bwd)
 
 
+ENV_PROBE_MIN_TILE = "PROBE_WALK_MIN_TILE"
+
+
+def apply_probe_overrides() -> None:
+    """For probes only (``chunk_sweep.py``, ``inter_debug.py`` children): ``PROBE_WALK_MIN_TILE=32`` lets a pinned
+    configuration keep a value tile narrower than ``configs.WALK_MIN_TILE`` (the dispatcher widens or re-warps it
+    otherwise), to time and check narrow tiles before any rule admits them."""
+    import os
+
+    from lightning_attention.ops.lightning.kernels import configs
+
+    if os.environ.get(ENV_PROBE_MIN_TILE):
+        configs.WALK_MIN_TILE = int(os.environ[ENV_PROBE_MIN_TILE])
+
+
 def parse_shape(text: str, D: int = 128) -> tuple[int, int, int]:
     """``"BxT"`` or ``"BxTxD"`` (the scripts' ``--shapes`` items) -> (B, T, D); D defaults to ``D``."""
     dims = [int(x) for x in text.split("x")]
