@@ -92,8 +92,9 @@ def dispatcher_configs(cc: int, dtype: str, DK: int, DV: int, flags: dict):
     state_only = flags.get("STATE_ONLY", False)
     space = walk_autotune_configs(state_only=state_only)
     return select_configs(
-        space, DK, DV, ELEM_BYTES[dtype], SHARED_LIMITS[cc], prefer=not state_only, tma=cc >= TMA_MIN_CAPABILITY
-    )
+        space, DK, DV, ELEM_BYTES[dtype], SHARED_LIMITS[cc], prefer=not state_only, tma=cc >= TMA_MIN_CAPABILITY,
+        state_bytes=dkdv_state_bytes(INTER_PREC[dtype]),
+    )  # fmt: skip
 
 
 def _compile(kind: str, fn, cc: int, dtype: str, DK: int, DV: int, BT: int, BV: int, cfg, constexprs: dict,
@@ -125,7 +126,8 @@ def build_walk(cc: int, dtype: str, DK: int, DV: int, cfg, flags: dict) -> dict:
     inter_only = bool(flags.get("INTER_ONLY", False))
     # as a launch there (chunk._walk): tensor descriptors on sm_90+ for whole chunks, never in the inter-only mode
     tma = constexprs["USE_TMA"] = cc >= TMA_MIN_CAPABILITY and not inter_only
-    estimate = estimate_shared_bytes(BT, BK, BV, cfg.num_stages, ELEM_BYTES[dtype], inter_only, tma)
+    state_bytes = dkdv_state_bytes(INTER_PREC[dtype])
+    estimate = estimate_shared_bytes(BT, BK, BV, cfg.num_stages, ELEM_BYTES[dtype], inter_only, tma, state_bytes)
     fn = lightning_walk_kernel.fn  # the JITFunction under the autotuner
     result = _compile("walk", fn, cc, dtype, DK, DV, BT, BV, cfg, constexprs, flags, estimate)
     result["resident"] = estimate_resident_shared_bytes(BT, BK, BV, cfg.num_stages, ELEM_BYTES[dtype], tma)

@@ -207,6 +207,26 @@ def test_walk_tiles_are_at_least_64_wide_where_they_fit():
     assert any(c.num_warps == 4 for c in wide)  # the mainstream configurations keep their 4 warps
 
 
+def test_narrow_tile_admitted_only_with_descriptors_where_it_fits():
+    """configs.TMA_NARROW_TILES: the 32-wide 4-warp tile at K = 256 only with descriptors, and only where its shared
+    memory fits (bf16 inputs; fp16's state operand is fp32 and takes 16 KB more than the 227 KB an H100 block has)."""
+    from lightning_attention.ops.lightning.kernels.configs import (
+        SHARED_LIMITS,
+        TMA_NARROW_TILES,
+        select_configs,
+        walk_autotune_configs,
+    )
+
+    def shapes(**kw):
+        cfgs = select_configs(walk_autotune_configs(), 256, 256, 2, SHARED_LIMITS[90], prefer=True, **kw)
+        return [(c.kwargs["BT"], c.kwargs["BV"], c.num_warps, c.num_stages) for c in cfgs]
+
+    narrow = TMA_NARROW_TILES[256][0]
+    assert shapes(tma=True, state_bytes=2)[0] == narrow
+    assert narrow not in shapes(tma=True, state_bytes=4)  # fp16 / fp32 state operand: does not fit
+    assert narrow not in shapes(tma=False)  # through pointers this tile faulted (h100-2026-11-22o)
+
+
 def test_head_dim_preferences_come_first_where_they_fit():
     """configs.PREFERRED_BY_BK (PREFERRED_BY_BK_TMA with tensor descriptors) leads the main walk's tuning on sm_90
     (measured and checked there), narrow heads take the preferences of their 64-wide tile, and the pre-pass keeps
@@ -226,8 +246,10 @@ def test_head_dim_preferences_come_first_where_they_fit():
         return [(c.kwargs["BT"], c.kwargs["BV"], c.num_warps, c.num_stages) for c in cfgs]
 
     for tma, table in ((False, PREFERRED_BY_BK), (True, PREFERRED_BY_BK_TMA)):
-        for bk, preferred in table.items():
-            got = shapes(select_configs(walk_autotune_configs(), bk, bk, 2, SHARED_LIMITS[90], prefer=True, tma=tma))
+        for bk, preferred in table.items():  # bf16 inputs: the state is the inter product's bf16 operand
+            got = shapes(
+                select_configs(walk_autotune_configs(), bk, bk, 2, SHARED_LIMITS[90], prefer=True, tma=tma, state_bytes=2)
+            )
             assert got == list(preferred), (bk, tma, got)
     space = walk_autotune_configs()
     assert shapes(select_configs(space, 32, 48, 2, SHARED_LIMITS[90], prefer=True)) == list(PREFERRED_BY_BK[64])

@@ -34,6 +34,7 @@ _SPACE = (
     (64, 32, 8, 2),  # K = 256 on <= 166 KB of shared memory (sm_80)
     (32, 32, 8, 1),  # K = 256 on <= 101 KB (sm_86/89/120)
     (64, 64, 4, 4),  # K = 128 with tensor descriptors (PREFERRED_BY_BK_TMA); spills without them
+    (64, 32, 4, 3),  # K = 256 with tensor descriptors only (TMA_NARROW_TILES)
 )
 
 # the main walk's first candidates by padded K (the rows of its [K, BV] fp32 state), ahead of the order above:
@@ -59,7 +60,13 @@ PREFERRED_BY_BK = {
 # loads in flight. Pinned on the H100 (h100-2026-11-22z12/tma_sweep_d128_*.json), fwd / fwd+bwd ms with 2 / 3 / 4
 # stages: 2 x 32K 0.616 / 0.529 / 0.491 and 2.05 / 1.85 / 1.73; 8 x 8K 0.430 / 0.412 / 0.382 and 2.68 / 1.64 /
 # 1.54; 1 x 64K fwd 0.661 / 0.579 / 0.547. Four stages checked against float64 (-z12/tma_verify_s4.log).
-PREFERRED_BY_BK_TMA = {**PREFERRED_BY_BK, 128: ((64, 64, 4, 4), (64, 64, 4, 3))}
+# K = 256: a 32-wide value tile with 4 warps (one warpgroup computes A once; three stages fit, 225,360 B) against the
+# 64-wide 8-warp tile, pinned at 16 x 4K: fwd 1.696 / 1.889 ms, fwd+bwd 7.12 / 7.48 (h100-2026-11-22z18)
+PREFERRED_BY_BK_TMA = {
+    **PREFERRED_BY_BK,
+    128: ((64, 64, 4, 4), (64, 64, 4, 3)),
+    256: ((64, 32, 4, 3), (64, 64, 8, 2)),
+}
 
 # the inter-only mode (fixed BT = the hybrid's chunk size): one configuration (BV, warps, stages), no tuning. On an
 # H100 (triton 3.6) autotuning this mode over the walk's space faulted (illegal memory access) at value dims of
@@ -90,6 +97,9 @@ WALK_MIN_TILE = 64
 # where nothing WALK_MIN_TILE wide fits the shared memory (K = 256 on sm_80/86/89/120, never tuned or run on them):
 # narrower tiles, only with 8 warps (the combination that was right in more cases)
 NARROW_TILE_MIN_WARPS = 8
+# narrow tiles admitted with tensor descriptors, by padded K: right against float64 for every output and gradient,
+# unsegmented and in segments, on the H100 (h100-2026-11-22z18; through pointers the same tile faulted)
+TMA_NARROW_TILES = {256: ((64, 32, 4, 3),)}
 
 # the segment pre-pass (STATE_ONLY: no q, no o; a decayed Kᵀ V reduction over the segment): bandwidth-bound on
 # (k, v), so the whole value dim in one tile (k read once) and pipelined loads
@@ -221,8 +231,9 @@ def tma_store_bytes(BT: int, BV: int, elem_bytes: int) -> int:
 
 
 def estimate_shared_bytes(
-    BT: int, BK: int, BV: int, num_stages: int, elem_bytes: int, inter_only: bool = False, tma: bool = False
-) -> int:
+    BT: int, BK: int, BV: int, num_stages: int, elem_bytes: int, inter_only: bool = False, tma: bool = False,
+    state_bytes: int = 4,
+) -> int:  # fmt: skip
     """An upper estimate of the shared memory of one walk program, fitted to the compiler's numbers on sm_90 (the
     arch that stages the most operands in shared memory; sm_80/120 builds of the same config use as much or less).
 
@@ -230,8 +241,9 @@ def estimate_shared_bytes(
     plus the v tile column (4·BK + elem·BT bytes, counted twice: layout conversions), and the [BT, BT] score tile.
     ``inter_only``: no score tile, but the compiler stages more of q, so half a [BT, BK] tile takes its place
     (sm_90, BT = 256, K = 128: 139,264 B compiled at BV = 32, estimate 163,840; 147,456 at BV = 64, estimate
-    229,376). ``tma``: tiles moved by tensor descriptors (:func:`tma_store_bytes` more; never in the inter-only
-    mode). ``tests/ops/test_aot.py`` checks it against compiled kernels.
+    229,376). ``tma``: tiles moved by tensor descriptors (:func:`tma_store_bytes` more, and at least
+    :func:`tma_walk_bytes` with the state operand's ``state_bytes``; never in the inter-only mode).
+    ``tests/ops/test_aot.py`` checks it against compiled kernels.
     """
     qk = 2 * BT * BK * elem_bytes
     if num_stages < 2:
@@ -246,7 +258,16 @@ def estimate_shared_bytes(
         estimate = max(estimate, num_stages * BT * (2 * BK + BV) * elem_bytes + scores)
     if tma and not inter_only:
         estimate += tma_store_bytes(BT, BV, elem_bytes)
+        estimate = max(estimate, tma_walk_bytes(BT, BK, BV, num_stages, elem_bytes, state_bytes))
     return estimate
+
+
+def tma_walk_bytes(BT: int, BK: int, BV: int, num_stages: int, elem_bytes: int, state_bytes: int) -> int:
+    """Shared memory of a walk program with tensor descriptors: the q, k, v tiles of every stage, the state as the
+    inter product's operand (``state_bytes`` per element, :func:`dkdv_state_bytes`) and the barriers; the score tile
+    and the staged o reuse that space. Equal to the compiled size of every bf16 walk built on sm_90 in session 7
+    (triton 3.6; K = 64, 128, 256; 1 to 4 stages; BV = 32 to 128; benchmarks/NOTES-kernels.md)."""
+    return max(1, num_stages) * BT * (2 * BK + BV) * elem_bytes + BK * BV * state_bytes + TMA_BARRIER_BYTES
 
 
 def estimate_resident_shared_bytes(
@@ -290,7 +311,8 @@ def estimate_dkdv_shared_bytes(BT: int, BK: int, BV: int, num_stages: int, elem_
 
 
 def dkdv_state_bytes(inter_prec: str | None) -> int:
-    """Bytes per element of G as the inter product's operand: bf16 for bf16 inputs in ``input`` mode, else fp32."""
+    """Bytes per element of the carried state (S in the walk, G in the dk/dv walk) as the inter product's operand: bf16
+    for bf16 inputs in ``input`` mode, else fp32."""
     return 2 if inter_prec == "input" else 4
 
 
@@ -332,12 +354,13 @@ def _preferred_first(configs, BK: int, tma: bool = False) -> list:
 
 def select_configs(
     configs, DK: int, DV: int, elem_bytes: int, limit: int | None, max_configs: int = MAX_TUNED,
-    prefer: bool = False, tma: bool = False,
+    prefer: bool = False, tma: bool = False, state_bytes: int = 4,
 ) -> list[triton.Config]:  # fmt: skip
     """Clamp BV to the walk's value tile, drop duplicates and what would not fit in ``limit`` bytes of shared memory,
     and keep the first ``max_configs`` (the order of the space is the order of preference; ``prefer``: the main
-    walk's :data:`PREFERRED_BY_BK` first; ``tma``: the launch moves tiles by tensor descriptors). Tiles narrower
-    than WALK_MIN_TILE only where nothing wider fits, and then only with 8 warps.
+    walk's :data:`PREFERRED_BY_BK` first; ``tma``: the launch moves tiles by tensor descriptors, its state operand
+    taking ``state_bytes`` per element). Tiles narrower than WALK_MIN_TILE only where nothing wider fits, and then
+    only with 8 warps, except those of :data:`TMA_NARROW_TILES` with descriptors.
 
     Never returns an empty list: if nothing fits the estimate, the smallest configuration is kept.
     """
@@ -352,10 +375,11 @@ def select_configs(
         if key in seen:
             continue
         seen.add(key)
-        if limit is not None and estimate_shared_bytes(BT, BK, BV, cfg.num_stages, elem_bytes, tma=tma) > limit:
+        estimate = estimate_shared_bytes(BT, BK, BV, cfg.num_stages, elem_bytes, tma=tma, state_bytes=state_bytes)
+        if limit is not None and estimate > limit:
             continue
         config = walk_config({"BT": BT, "BV": BV}, cfg.num_warps, cfg.num_stages)
-        if BV >= WALK_MIN_TILE:
+        if BV >= WALK_MIN_TILE or (tma and key in TMA_NARROW_TILES.get(BK, ())):
             wide.append(config)
         elif cfg.num_warps >= NARROW_TILE_MIN_WARPS:
             narrow.append(config)
@@ -395,6 +419,7 @@ def walk_prune_configs(configs, named_args, **kwargs):
     return select_configs(
         configs, c["DK"], c["DV"], c["elem_bytes"], c["limit"], max_configs=c["max_configs"],
         prefer=not c["arg"]("STATE_ONLY", False), tma=bool(c["arg"]("USE_TMA", False)),
+        state_bytes=dkdv_state_bytes(c["arg"]("INTER_PREC")),
     )  # fmt: skip
 
 
