@@ -181,6 +181,12 @@ for stage in ${stages//,/ }; do
                       run narrow_sweep_d256 150 env PROBE_WALK_MIN_TILE=32 python3 benchmarks/chunk_sweep.py --D 256 --B 16 \
                           --T 4096 --inter input --configs "$NARROW_D256;BT=64,BV=64,num_warps=8,num_stages=2" \
                           --out "$res/narrow_sweep_d256.json" ;;
+        # K = 64 with descriptors, A/B in one call: this package against a variant in .old/ (four stages first, so the
+        # plan counts one program per SM and does not segment 8 x 8K)
+        d64_ab) run d64_ab_new 150 python3 -m lightning_attention.bench kernels --grid a --head-dims 64 --ours chunk \
+                    --baselines fla --out "$res/d64_ab_new"
+                run d64_ab_alt 150 env PYTHONPATH="$PWD/.old:$PYTHONPATH" python3 -m lightning_attention.bench kernels \
+                    --grid a --head-dims 64 --ours chunk --baselines fla --out "$res/d64_ab_alt" ;;
         tables) run tables 60 python3 benchmarks/perf_tables.py "$res" --out "$res/tables.md" ;;  # last: reads all
         model) run model 150 python3 -m lightning_attention.bench.model_timing --contexts 2048 8192 32768 65536 \
                    --loss-steps 0 ;;
