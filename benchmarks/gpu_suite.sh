@@ -187,6 +187,11 @@ for stage in ${stages//,/ }; do
                     --baselines fla --out "$res/d64_ab_new"
                 run d64_ab_alt 150 env PYTHONPATH="$PWD/.old:$PYTHONPATH" python3 -m lightning_attention.bench kernels \
                     --grid a --head-dims 64 --ours chunk --baselines fla --out "$res/d64_ab_alt" ;;
+        # the same A/B as device time (CUDA-graph replays; host_overhead.py), which the host cannot move
+        d64_ab_graph) shapes="16x4096x64,8x8192x64,4x16384x64,2x32768x64,1x65536x64"
+                      run d64_graph_new 150 python3 benchmarks/host_overhead.py --shapes "$shapes" --out "$res/d64_graph_new.json"
+                      run d64_graph_alt 150 env PYTHONPATH="$PWD/.old:$PYTHONPATH" python3 benchmarks/host_overhead.py \
+                          --shapes "$shapes" --out "$res/d64_graph_alt.json" ;;
         tables) run tables 60 python3 benchmarks/perf_tables.py "$res" --out "$res/tables.md" ;;  # last: reads all
         model) run model 150 python3 -m lightning_attention.bench.model_timing --contexts 2048 8192 32768 65536 \
                    --loss-steps 0 ;;
