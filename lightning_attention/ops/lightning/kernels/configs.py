@@ -62,14 +62,11 @@ PREFERRED_BY_BK = {
 # 1.54; 1 x 64K fwd 0.661 / 0.579 / 0.547. Four stages checked against float64 (-z12/tma_verify_s4.log).
 # K = 256: a 32-wide value tile with 4 warps (one warpgroup computes A once; three stages fit, 225,360 B) against the
 # 64-wide 8-warp tile, pinned at 16 x 4K: fwd 1.696 / 1.889 ms, fwd+bwd 7.12 / 7.48 (h100-2026-11-22z18)
-# K = 64: four stages first too. The plan then counts one program per SM (the resident estimate, 123 KB, is over
-# half an SM; 106,584 B compiled would fit two) and cuts fewer segments, which measured faster as CUDA-graph replays
-# in one call against the pair (2, 3) (h100-2026-11-22z21), fwd / fwd+bwd ms: 8 x 8K 0.267 -> 0.194 / 0.922 -> 0.745,
-# 4 x 16K 0.295 -> 0.255 / 0.975 -> 0.872, 2 x 32K 0.313 -> 0.286 / 1.013 -> 0.934, 1 x 64K 0.329 -> 0.308 /
-# 1.047 -> 0.980, 16 x 4K equal (0.203 / 0.79); four stages checked against float64 (-z17/tma_verify_d64_s4.log)
+# K = 64 keeps the pair (2, 3): four stages first (the plan then counts one program per SM and segments less) was
+# faster as CUDA-graph replays in two calls (h100-2026-11-22z21, -z23; 8 x 8K fwd+bwd 0.92 -> 0.75 ms) but slower
+# as plain calls, the benchmark's measure, at 4 of 5 shapes in both (benchmarks/NOTES-kernels.md, session 7)
 PREFERRED_BY_BK_TMA = {
     **PREFERRED_BY_BK,
-    64: ((64, 64, 4, 4), (64, 64, 4, 3)),
     128: ((64, 64, 4, 4), (64, 64, 4, 3)),
     256: ((64, 32, 4, 3), (64, 64, 8, 2)),
 }
