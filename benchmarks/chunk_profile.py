@@ -37,6 +37,24 @@ def profile_shape(B: int, T: int, H: int = 16, D: int = 128, iters: int = 10, dt
     return rows, wall_ms
 
 
+def plan_and_configs(B: int, T: int, H: int = 16, D: int = 128) -> dict:
+    """The segment plan of a [B, T, H, D] call and the configuration every compiled walk, pre-pass and scan launch
+    took (BT, BV, warps, stages, descriptors; one line per launch key seen so far in this process)."""
+    from lightning_attention.ops.lightning import chunk
+
+    q = torch.empty(B, T, H, D, device="cuda", dtype=torch.bfloat16)
+    plan = chunk.plan_segments(q, q, None, None)
+    launches = []
+    for name in ("_WALK", "_STATE", "_SCAN"):
+        for entry in getattr(chunk, name).cache.entries.values():
+            if entry.compiled is None:
+                continue
+            meta = entry.compiled.metadata
+            cfg = {k: entry.config.get(k) for k in ("BT", "BV", "USE_TMA", "REVERSE", "SEG_IN") if k in entry.config}
+            launches.append({"kernel": name, **cfg, "num_warps": meta.num_warps, "num_stages": meta.num_stages})
+    return {"segmented": plan.segmented, "segments": plan.total, "seg_len": plan.seg_len, "launch_keys": launches}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="32x2048,8x8192,2x32768,1x131072", help="BxT or BxTxD, comma-separated")
@@ -47,7 +65,9 @@ def main() -> int:
     for shape in args.shapes.split(","):
         B, T, D = parse_shape(shape)
         rows, wall_ms = profile_shape(B, T, D=D, iters=args.iters)
-        result["shapes"][shape] = {"kernels": rows, "do_bench_ms": wall_ms}
+        plan = plan_and_configs(B, T, D=D)
+        result["shapes"][shape] = {"kernels": rows, "do_bench_ms": wall_ms, "plan": plan}
+        print(f"plan of {shape}: {plan}", flush=True)
         total = sum(r["us_per_iter"] for r in rows)
         print(f"== B={B} T={T} D={D}: {total / 1e3:.3f} ms of kernels per fwd+bwd, do_bench {wall_ms:.3f} ms", flush=True)
         for r in rows[:12]:

@@ -185,13 +185,45 @@ for stage in ${stages//,/ }; do
         # plan counts one program per SM and does not segment 8 x 8K)
         d64_ab) run d64_ab_new 150 python3 -m lightning_attention.bench kernels --grid a --head-dims 64 --ours chunk \
                     --baselines fla --out "$res/d64_ab_new"
-                run d64_ab_alt 150 env PYTHONPATH="$PWD/.old:$PYTHONPATH" python3 -m lightning_attention.bench kernels \
+                run d64_ab_alt 150 env PYTHONPATH="$PWD/.old:$PYTHONPATH" python3 -P -m lightning_attention.bench kernels \
                     --grid a --head-dims 64 --ours chunk --baselines fla --out "$res/d64_ab_alt" ;;
         # the same A/B as device time (CUDA-graph replays; host_overhead.py), which the host cannot move
         d64_ab_graph) shapes="16x4096x64,8x8192x64,4x16384x64,2x32768x64,1x65536x64"
                       run d64_graph_new 150 python3 benchmarks/host_overhead.py --shapes "$shapes" --out "$res/d64_graph_new.json"
                       run d64_graph_alt 150 env PYTHONPATH="$PWD/.old:$PYTHONPATH" python3 benchmarks/host_overhead.py \
                           --shapes "$shapes" --out "$res/d64_graph_alt.json" ;;
+        # K = V = 64 is host-bound (session 7): device and host time of four plans per shape (default; the fused dk/dv
+        # walk; unsegmented; both), the fused walk checked against float64 on the GPU, and the host's timeline
+        d64_plans) shapes="16x4096x64,8x8192x64,4x16384x64,2x32768x64,1x65536x64"
+                   run d64_plan_default 120 python3 benchmarks/host_overhead.py --shapes "$shapes" --out "$res/d64_plan_default.json"
+                   run d64_plan_dkdv 150 env LIGHTNING_ATTENTION_DKDV=1 python3 benchmarks/host_overhead.py --shapes "$shapes" \
+                       --out "$res/d64_plan_dkdv.json"
+                   run d64_plan_whole 120 env LIGHTNING_ATTENTION_SEGMENT_LEN=0 python3 benchmarks/host_overhead.py \
+                       --shapes "$shapes" --out "$res/d64_plan_whole.json"
+                   run d64_plan_whole_dkdv 120 env LIGHTNING_ATTENTION_SEGMENT_LEN=0 LIGHTNING_ATTENTION_DKDV=1 \
+                       python3 benchmarks/host_overhead.py --shapes "$shapes" --out "$res/d64_plan_whole_dkdv.json"
+                   run d64_dkdv_verify 150 python3 -m pytest -q -p no:cacheprovider -n 8 -k fused_dkdv tests/ops/test_chunk.py
+                   run host_trace 150 python3 benchmarks/host_trace.py --shapes 8x8192x64,2x32768x64 --out "$res/host_trace" ;;
+        # launch replay (session 8): its tests compiled on the GPU, and host / device time of this package against
+        # the one in .old/ at K = 64 and at two host-bound K = 128 shapes
+        tests_replay) run tests_replay 150 python3 -m pytest -q -p no:cacheprovider tests/ops/test_replay.py \
+                          tests/ops/test_tma.py ;;
+        host_ab) shapes="16x4096x64,8x8192x64,4x16384x64,2x32768x64,1x65536x64,1x32768,32x2048"
+                 run host_new 150 python3 benchmarks/host_overhead.py --shapes "$shapes" --out "$res/host_new.json"
+                 run host_old 150 env PYTHONPATH="$PWD/.old:$PYTHONPATH" python3 benchmarks/host_overhead.py \
+                     --shapes "$shapes" --out "$res/host_old.json" ;;
+        # the K = 64 plan per shape, kernel by kernel, with the configurations each launch key took: this package (plan
+        # and replay as shipped, replay off, whole sequences, 4K segments) and the one in .old/
+        d64_plan_probe) shapes="8x8192x64,4x16384x64,2x32768x64"
+                        run probe_new 90 python3 benchmarks/chunk_profile.py --shapes "$shapes" --out "$res/probe_new.json"
+                        run probe_noreplay 90 env LIGHTNING_ATTENTION_REPLAY=0 python3 benchmarks/chunk_profile.py \
+                            --shapes "$shapes" --out "$res/probe_noreplay.json"
+                        run probe_whole 90 env LIGHTNING_ATTENTION_SEGMENT_LEN=0 python3 benchmarks/chunk_profile.py \
+                            --shapes "$shapes" --out "$res/probe_whole.json"
+                        run probe_seg4k 90 env LIGHTNING_ATTENTION_SEGMENT_LEN=4096 python3 benchmarks/chunk_profile.py \
+                            --shapes "$shapes" --out "$res/probe_seg4k.json"
+                        run probe_old 90 env PYTHONPATH="$PWD/.old:$PYTHONPATH" python3 benchmarks/chunk_profile.py \
+                            --shapes "$shapes" --out "$res/probe_old.json" ;;
         tables) run tables 60 python3 benchmarks/perf_tables.py "$res" --out "$res/tables.md" ;;  # last: reads all
         model) run model 150 python3 -m lightning_attention.bench.model_timing --contexts 2048 8192 32768 65536 \
                    --loss-steps 0 ;;

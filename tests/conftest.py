@@ -72,6 +72,16 @@ def poison_empty():
     _POISON_ACTIVE[0] = False
 
 
+@pytest.fixture(autouse=True)
+def fresh_replays():
+    """Every test starts without recorded launches (ops/lightning/replay.py): tests replace launchers and planning
+    functions that a replay key cannot see, so a recording made by an earlier test must not serve a later one."""
+    from lightning_attention.ops.lightning import replay
+
+    replay.clear()
+    yield
+
+
 def pytest_collection_modifyitems(config, items):
     if HAS_CUDA:
         return

@@ -272,6 +272,20 @@ def test_segment_length_rule_at_one_program_per_sm(length, programs, expected):
 
 
 @pytest.mark.parametrize(
+    "dims, programs, expected",
+    [
+        ((64, 64), 128, True),  # K = V = 64, 8 × 8K, 16 heads on 132 SMs: whole (256 segments ran 19% slower)
+        ((64, 64), 64, False),  # 4 × 16K: 64 programs leave SMs idle, segments as the model says
+        ((32, 64), 200, True),
+        ((128, 128), 256, False),  # K = 128 is left to the model (not bound by bandwidth at one program per SM)
+        ((64, 128), 1000, False),
+    ],
+)
+def test_bandwidth_bound_walks_that_fill_every_sm_stay_whole(dims, programs, expected):
+    assert chunk.fills_every_sm_once(*dims, programs, sms=132) == expected
+
+
+@pytest.mark.parametrize(
     "seg_len, programs, expected",
     [
         (16384, 32, 8),  # B = 2, T = 32K: 2 segments, the first walked, 16 heads -> 8 pieces of 2,048 (the bound)

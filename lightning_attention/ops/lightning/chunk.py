@@ -35,6 +35,9 @@ Environment:
     :mod:`~lightning_attention.ops.lightning.tma` allows them).
 ``LIGHTNING_ATTENTION_BF16_INTER``
     ``input`` (default) or ``tf32``: operand precision of the inter-chunk product (λq)·S for bf16 inputs.
+``LIGHTNING_ATTENTION_REPLAY``
+    ``0``: every :func:`chunk_forward` / :func:`chunk_backward` call plans its launches again (default: later calls
+    of a recorded shape repeat the first one's launches, :mod:`~lightning_attention.ops.lightning.replay`).
 """
 
 import contextlib
@@ -46,7 +49,7 @@ import torch
 import triton.language as tl
 
 from lightning_attention.backend import plain_eager
-from lightning_attention.ops.lightning import naive
+from lightning_attention.ops.lightning import naive, replay
 from lightning_attention.ops.lightning.kernels.configs import (
     SHARED_PER_SM,
     cdiv,
@@ -120,6 +123,20 @@ def _walk_slots(index: int, DK: int, DV: int, elem_bytes: int) -> int:
     return _sm_count(index) * walk_programs_per_sm(DK, DV, elem_bytes, block_limit, sm_shared, tma)
 
 
+# head dims up to this: a walk grid of one program per SM already streams its bytes at about DRAM speed (H100, bf16,
+# K = V = 64: 128 programs of 8K tokens at 2.5 TB/s), so a second resident program per SM adds little and segments
+# to fill it only add the pre-pass: 8 × 8K took 0.77 ms of kernels per fwd+bwd whole against 0.92 in 256 segments
+# (benchmarks/results/h100-2026-11-22z26). Grids of fewer programs than SMs are still segmented as the model says.
+BANDWIDTH_BOUND_DIM = 64
+
+
+def fills_every_sm_once(DK: int, DV: int, programs: int, sms: int) -> bool:
+    """Whether an unsegmented walk of ``programs`` programs is left whole because it already fills every SM once
+    (within the plan's 5% margin: 128 programs on 132 SMs do) and the walk is bound by bandwidth there (head dims up
+    to :data:`BANDWIDTH_BOUND_DIM`)."""
+    return max(DK, DV) <= BANDWIDTH_BOUND_DIM and programs >= 0.95 * sms
+
+
 # pre-pass programs resident per SM (its tuned configurations: one 8-warp program with BV = 128, or two or three
 # 4-warp programs with BV = 64)
 PREPASS_PROGRAMS_PER_SM = 2
@@ -141,10 +158,15 @@ def _segment_len(x: torch.Tensor, lengths_total: int, num_seqs: int, H: int, DV:
     # symbolic sizes (a fake call of the forward op under torch.compile with save_states): the plan is a search over
     # ints, so they specialise here (LightningAttnFunction does not ask for states while compiling)
     lengths_total, num_seqs, H, DV = int(lengths_total), int(num_seqs), int(H), int(DV)
-    slots = _walk_slots(_device_index(x), int(x.shape[-1]), DV, x.element_size())
+    index, DK = _device_index(x), int(x.shape[-1])
+    programs = num_seqs * H * cdiv(DV, 64)
+    # (the dims first: no device query for the grids the rule cannot apply to)
+    if max(DK, DV) <= BANDWIDTH_BOUND_DIM and fills_every_sm_once(DK, DV, programs, _sm_count(index)):
+        return 0
+    slots = _walk_slots(index, DK, DV, x.element_size())
     # a segment's fp32 state (4·K·V bytes) must stay within 25% of its q tile (seg·K·elem bytes): seg >= 16·V/elem
     min_len = max(256, 16 * DV // x.element_size())
-    return best_segment_len(cdiv(lengths_total, num_seqs), num_seqs * H * cdiv(DV, 64), slots, min_len)
+    return best_segment_len(cdiv(lengths_total, num_seqs), programs, slots, min_len)
 
 
 @functools.lru_cache(maxsize=4096)  # a pure function of four ints, called on every launch: its loop is host time
@@ -278,7 +300,7 @@ def _walk(
     # chunks of inter_chunk tokens are shorter than its tile
     use_tma = not (inter_chunk and not state_only) and tma_ready(q, k, v, o_)
     if use_tma and q.is_cuda:
-        ensure_allocator()
+        replay.call(ensure_allocator)
     constexprs = dict(
         DK=DK, DV=DV, BK=walk_tile(DK),
         VARLEN=plan.varlen,
@@ -299,7 +321,7 @@ def _walk(
     if inter_chunk and not state_only:  # the pre-pass's state does not depend on the chunking
         launcher = _INTER_WALK
         constexprs.update(_inter_only_config(inter_only_tile(inter_chunk), DK, DV))
-    launcher(grid, args, constexprs, q)
+    replay.launch(launcher, grid, args, constexprs, q)
 
 
 def _waves(x: torch.Tensor, programs: int) -> int:
@@ -358,7 +380,7 @@ def _dkdv(q, k, v, do, dk, dv, *, slope, dht, dh0, g_states, plan, T, H, scale, 
         INTER_PREC=inter_prec,
         **extra,
     )  # fmt: skip
-    launcher((H * plan.total,), args, constexprs, q)
+    replay.launch(launcher, (H * plan.total,), args, constexprs, q)
 
 
 @dataclass(frozen=True)
@@ -457,7 +479,7 @@ def _scan(states, pieces_states, pieces: PrepassPieces, *, slope, h0, ht, plan, 
         ACC=_acc(states.dtype),
         num_warps=4,
     )  # fmt: skip
-    _SCAN(grid, args, constexprs, states)
+    replay.launch(_SCAN, grid, args, constexprs, states)
 
 
 def _prepass(k, v, states, pieces: PrepassPieces, *, slope, plan, N, H, T, scale_upd, reverse, skip_final):
@@ -467,10 +489,12 @@ def _prepass(k, v, states, pieces: PrepassPieces, *, slope, plan, N, H, T, scale
     if pieces.split == 1:
         local = states
     else:
-        local = torch.empty(N * pieces.count, *states.shape[1:], device=states.device, dtype=states.dtype)
+        local = replay.empty(N * pieces.count, *states.shape[1:], device=states.device, dtype=states.dtype)
         plan = SegmentPlan(varlen=0, segmented=True, total=N * pieces.count, per_seq=pieces.count,
                            seg_len=pieces.piece_len)  # fmt: skip
-        k, v, T = k[:, pieces.lo : pieces.hi], v[:, pieces.lo : pieces.hi], pieces.hi - pieces.lo
+        k = replay.view(k[:, pieces.lo : pieces.hi], k)
+        v = replay.view(v[:, pieces.lo : pieces.hi], v)
+        T = pieces.hi - pieces.lo
         skip_final = False  # a skipped segment's tokens are outside [lo, hi)
     _walk(
         k, k, v, None, slope=slope, h0=None, ht=None, states=local, plan=plan, T=T, H=H, scale_intra=1.0,
@@ -485,7 +509,7 @@ def _segmented_states(k, v, *, slope, h0, ht, plan, N, H, T, scale_upd, reverse)
     Without ``ht`` the pre-pass skips each sequence's last segment in walk order (its local state only feeds the
     final state): at 2 segments per sequence that halves the pre-pass's reads. On fixed-length batches the pre-pass
     may run on pieces of the segments (:func:`prepass_split`)."""
-    states = torch.empty(plan.total, H, k.shape[-1], v.shape[-1], device=k.device, dtype=naive.compute_dtype(k.dtype))
+    states = replay.empty(plan.total, H, k.shape[-1], v.shape[-1], device=k.device, dtype=naive.compute_dtype(k.dtype))
     skip_final = ht is None
     pieces = _prepass_pieces(k, plan, T, H, v.shape[-1], skip_final, reverse)
     local = _prepass(
@@ -496,6 +520,9 @@ def _segmented_states(k, v, *, slope, h0, ht, plan, N, H, T, scale_upd, reverse)
     return states
 
 
+# replayed (replay.py) but for T = 0 (outputs copied or zero-filled, no launches) and host offsets (cu_seqlens_cpu: the
+# plan depends on their values, which the key does not see)
+@replay.replayable(uncacheable=lambda a: a[0].shape[1] == 0 or a[6] is not None)
 def chunk_forward(q, k, v, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk=0):
     """(o [B, T, H, V] in q.dtype, final state [N, H, K, V] or None, segment states or None). Inputs validated.
 
@@ -507,13 +534,13 @@ def chunk_forward(q, k, v, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, output_
     V = v.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     sdt = naive.compute_dtype(q.dtype)
-    o = torch.empty(B, T, H, V, device=q.device, dtype=q.dtype)
+    o = replay.empty(B, T, H, V, device=q.device, dtype=q.dtype)
     if T == 0:
         ht = None
         if output_final_state:
             ht = h0.to(sdt, copy=True) if h0 is not None else torch.zeros(N, H, K, V, device=q.device, dtype=sdt)
         return o, ht, None
-    ht = torch.empty(N, H, K, V, device=q.device, dtype=sdt) if output_final_state else None
+    ht = replay.empty(N, H, K, V, device=q.device, dtype=sdt) if output_final_state else None
     plan = plan_segments(q, v, cu_seqlens, cu_seqlens_cpu, align=inter_chunk)
     states = None
     if plan.segmented:
@@ -527,6 +554,7 @@ def chunk_forward(q, k, v, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, output_
     return o, ht, states
 
 
+@replay.replayable(uncacheable=lambda a: a[0].shape[1] == 0 or a[8] is not None)  # as chunk_forward
 def chunk_backward(
     q, k, v, do, dht, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, need_dh0, inter_chunk=0, fwd_states=None
 ):
@@ -540,23 +568,23 @@ def chunk_backward(
     V = v.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     sdt = naive.compute_dtype(q.dtype)
-    dq = torch.empty(B, T, H, K, device=q.device, dtype=q.dtype)
-    dk = torch.empty(B, T, H, K, device=q.device, dtype=q.dtype)
-    dv = torch.empty(B, T, H, V, device=q.device, dtype=q.dtype)
+    dq = replay.empty(B, T, H, K, device=q.device, dtype=q.dtype)
+    dk = replay.empty(B, T, H, K, device=q.device, dtype=q.dtype)
+    dv = replay.empty(B, T, H, V, device=q.device, dtype=q.dtype)
     dh0 = None
     if T == 0:
         if need_dh0:
             dh0 = dht.to(sdt, copy=True) if dht is not None else torch.zeros(N, H, K, V, device=q.device, dtype=sdt)
         return dq, dk, dv, dh0
     if need_dh0:
-        dh0 = torch.empty(N, H, K, V, device=q.device, dtype=sdt)
+        dh0 = replay.empty(N, H, K, V, device=q.device, dtype=sdt)
     plan = plan_segments(q, v, cu_seqlens, cu_seqlens_cpu, align=inter_chunk)
-    h0t = None if h0 is None else h0.transpose(-1, -2)
+    h0t = None if h0 is None else replay.view(h0.transpose(-1, -2), h0)
 
     # dq_t = scale · do_t S_tᵀ: the forward walk of (do, v, k) with state Sᵀ [V, K] from h0ᵀ
     states = None
     if plan.segmented and fwd_states is not None and fwd_states.shape[0] == plan.total:
-        states = fwd_states.transpose(-1, -2)
+        states = replay.view(fwd_states.transpose(-1, -2), fwd_states)
     elif plan.segmented:
         states = _segmented_states(
             v, k, slope=slope, h0=h0t, ht=None, plan=plan, N=N, H=H, T=T, scale_upd=1.0, reverse=False
@@ -569,13 +597,13 @@ def chunk_backward(
 
     # reverse time: G_t = λ G_{t+1} + scale · q_tᵀ do_t, G_{T-1} = dht + scale · q_{T-1}ᵀ do_{T-1}
     # dv_t = k_t G_t (walk of (k, q, do)); dk_t = v_t G_tᵀ (walk of (v, do, q) with Gᵀ); dh0 = λ G_0
-    dht_t = None if dht is None else dht.transpose(-1, -2)
+    dht_t = None if dht is None else replay.view(dht.transpose(-1, -2), dht)
     g_states = g_states_t = None
     if plan.segmented:
         g_states = _segmented_states(
             q, do, slope=slope, h0=dht, ht=dh0, plan=plan, N=N, H=H, T=T, scale_upd=scale, reverse=True
         )
-        g_states_t = g_states.transpose(-1, -2)
+        g_states_t = replay.view(g_states.transpose(-1, -2), g_states)
     if _fused_dkdv_enabled(q, K, V):
         _dkdv(
             q, k, v, do, dk, dv, slope=slope, dht=dht, dh0=dh0, g_states=g_states, plan=plan, T=T, H=H, scale=scale,
@@ -652,10 +680,11 @@ def _chunk_forward_op_body(
         output_final_state,
         inter_chunk,
     )
+    # empty [0] placeholders: new_empty, since new_zeros launches a fill (~15 µs of host time on an H100 host)
     if ht is None:
-        ht = q.new_zeros(0, dtype=naive.compute_dtype(q.dtype))
+        ht = q.new_empty(0, dtype=naive.compute_dtype(q.dtype))
     if states is None or cu_seqlens is not None or not save_states:
-        states = q.new_zeros(0, dtype=naive.compute_dtype(q.dtype))
+        states = q.new_empty(0, dtype=naive.compute_dtype(q.dtype))
     return o, ht, states
 
 
@@ -717,7 +746,7 @@ def _chunk_backward_op_body(
         fwd_states if fwd_states is not None and fwd_states.numel() else None,
     )
     if dh0 is None:
-        dh0 = q.new_zeros(0, dtype=naive.compute_dtype(q.dtype))
+        dh0 = q.new_empty(0, dtype=naive.compute_dtype(q.dtype))
     return dq, dk, dv, dh0
 
 
@@ -801,6 +830,8 @@ class LightningAttnFunction(torch.autograd.Function):
         ctx.backward_mode = backward
         ctx.inter_chunk = inter_chunk
         ctx.mark_non_differentiable(*([] if output_final_state else [ht]))
+        # an unused output's gradient comes as None, not as zeros the engine would allocate and fill (host time)
+        ctx.set_materialize_grads(False)
         return o, ht
 
     @staticmethod

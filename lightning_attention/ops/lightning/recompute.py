@@ -230,7 +230,7 @@ def recompute_bwd_direct(q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_
         cu_seqlens_cpu=cu_seqlens_cpu,
     )  # fmt: skip
     if dh0 is None:
-        dh0 = q.new_zeros(0, dtype=compute_dtype(q.dtype))
+        dh0 = q.new_empty(0, dtype=compute_dtype(q.dtype))
     return dq, dk, dv, dh0
 
 
