@@ -150,6 +150,22 @@ def test_grid_b_flatness_from_graph_replays(perf_tables, tmp_path, capsys):
     assert "| 32768 | 23.4 M (1.40 ms); graph 34.5 M (0.950 ms) | - |" in capsys.readouterr().out
 
 
+def test_accuracy_target_takes_the_measurement_beside_fla(perf_tables, tmp_path):
+    """Two documents measure K = 128 (grid (a) with FLA, grid (b) ours only, in that order and the reverse): the
+    target compares the one that has FLA's error beside it, never reporting K = 128 as not measured."""
+    ours = {"provider": "ours-chunk", "k_dim": 128, "dtype": "bfloat16", "err_max": 2e-3, "status": "ok"}
+    for order, names in enumerate((("a", "b"), ("b", "a"))):
+        folder = tmp_path / str(order)
+        for name in names:
+            w = _writer(folder / f"kernels_{name}", "kernels", "d1")
+            w.add("accuracy", ours)
+            if name == "a":
+                w.add("accuracy", {**ours, "provider": "fla", "err_max": 1.8e-3})
+            w.set("elapsed_s", 1.0)
+        status, detail = _statuses(perf_tables, folder)["accuracy ≤ 1.25× FLA's error and within the §5 tolerance"]
+        assert status == "met" and "1.11× FLA" in detail and "not measured" not in detail, detail
+
+
 def test_tables_of_a_synthetic_run(perf_tables, run_dir, tmp_path, capsys):
     out = tmp_path / "tables.md"
     assert perf_tables.main([str(run_dir), "--out", str(out)]) == 0
