@@ -187,11 +187,14 @@ for stage in ${stages//,/ }; do
                     --baselines fla --out "$res/d64_ab_new"
                 run d64_ab_alt 150 env PYTHONPATH="$PWD/.old:$PYTHONPATH" python3 -P -m lightning_attention.bench kernels \
                     --grid a --head-dims 64 --ours chunk --baselines fla --out "$res/d64_ab_alt" ;;
-        # the same A/B as device time (CUDA-graph replays; host_overhead.py), which the host cannot move
-        d64_ab_graph) shapes="16x4096x64,8x8192x64,4x16384x64,2x32768x64,1x65536x64"
-                      run d64_graph_new 150 python3 benchmarks/host_overhead.py --shapes "$shapes" --out "$res/d64_graph_new.json"
-                      run d64_graph_alt 150 env PYTHONPATH="$PWD/.old:$PYTHONPATH" python3 benchmarks/host_overhead.py \
-                          --shapes "$shapes" --out "$res/d64_graph_alt.json" ;;
+        # this package against the one in .old/ as host, plain and CUDA-graph time (host_overhead.py; replays are what
+        # the host cannot move): K = 64 (d64_ab_graph, session 7), and two host-bound K = 128 shapes too (host_ab,
+        # session 8's launch replay). Files: <stage>_new.json, <stage>_old.json (-z21/-z23: d64_graph_{new,alt})
+        d64_ab_graph|host_ab) shapes="16x4096x64,8x8192x64,4x16384x64,2x32768x64,1x65536x64"
+                      [ "$stage" = host_ab ] && shapes+=",1x32768,32x2048"
+                      run "${stage}_new" 150 python3 benchmarks/host_overhead.py --shapes "$shapes" --out "$res/${stage}_new.json"
+                      run "${stage}_old" 150 env PYTHONPATH="$PWD/.old:$PYTHONPATH" python3 benchmarks/host_overhead.py \
+                          --shapes "$shapes" --out "$res/${stage}_old.json" ;;
         # K = V = 64 is host-bound (session 7): device and host time of four plans per shape (default; the fused dk/dv
         # walk; unsegmented; both), the fused walk checked against float64 on the GPU, and the host's timeline
         d64_plans) shapes="16x4096x64,8x8192x64,4x16384x64,2x32768x64,1x65536x64"
@@ -204,14 +207,9 @@ for stage in ${stages//,/ }; do
                        python3 benchmarks/host_overhead.py --shapes "$shapes" --out "$res/d64_plan_whole_dkdv.json"
                    run d64_dkdv_verify 150 python3 -m pytest -q -p no:cacheprovider -n 8 -k fused_dkdv tests/ops/test_chunk.py
                    run host_trace 150 python3 benchmarks/host_trace.py --shapes 8x8192x64,2x32768x64 --out "$res/host_trace" ;;
-        # launch replay (session 8): its tests compiled on the GPU, and host / device time of this package against
-        # the one in .old/ at K = 64 and at two host-bound K = 128 shapes
+        # launch replay (session 8): its tests compiled on the GPU (its A/B: stage host_ab above)
         tests_replay) run tests_replay 150 python3 -m pytest -q -p no:cacheprovider tests/ops/test_replay.py \
                           tests/ops/test_tma.py ;;
-        host_ab) shapes="16x4096x64,8x8192x64,4x16384x64,2x32768x64,1x65536x64,1x32768,32x2048"
-                 run host_new 150 python3 benchmarks/host_overhead.py --shapes "$shapes" --out "$res/host_new.json"
-                 run host_old 150 env PYTHONPATH="$PWD/.old:$PYTHONPATH" python3 benchmarks/host_overhead.py \
-                     --shapes "$shapes" --out "$res/host_old.json" ;;
         # the K = 64 plan per shape, kernel by kernel, with the configurations each launch key took: this package (plan
         # and replay as shipped, replay off, whole sequences, 4K segments) and the one in .old/
         d64_plan_probe) shapes="8x8192x64,4x16384x64,2x32768x64"
