@@ -182,6 +182,8 @@ def test_wrapped_call_inside_a_recording_belongs_to_it():
 
 # the chunk path: segmented, pre-pass pieces (views of k and v), h0 and dht (transposed views), saved states
 
+chunk_plan = chunk.plan_segments  # the real plan, which the test below wraps to count its calls
+
 
 def _call(q, k, v, slope, h0, do, dht):
     o, ht = la.lightning_attn(q, k, v, slope, initial_state=h0, output_final_state=True)
@@ -224,5 +226,3 @@ def test_chunk_calls_replay_and_match_float64_and_the_unreplayed_call(monkeypatc
     kinds = [step[0] for step in next(iter(chunk.chunk_backward.recordings.values())).steps]
     assert kinds.count("view") >= 4 and "free" in kinds  # h0ᵀ, dhtᵀ, saved statesᵀ, pieces; workspaces released
 
-
-chunk_plan = chunk.plan_segments
