@@ -222,6 +222,15 @@ for stage in ${stages//,/ }; do
                             --shapes "$shapes" --out "$res/probe_seg4k.json"
                         run probe_old 90 env PYTHONPATH="$PWD/.old:$PYTHONPATH" python3 benchmarks/chunk_profile.py \
                             --shapes "$shapes" --out "$res/probe_old.json" ;;
+        # short sequences pay each program's setup (descriptors, pipeline fill) over few chunks: K = 128 and 256 at 1K /
+        # 2K with descriptors and with pointers (LIGHTNING_ATTENTION_TMA=0), and K = 256 at batch 1 (whole since
+        # session 8: programs counted at the 32-wide tile) against the package in .old/ (two segments)
+        short_t_probe) shapes="64x1024,32x2048,64x1024x256,32x2048x256,1x65536x256"
+                       run short_tma 150 python3 benchmarks/host_overhead.py --shapes "$shapes" --out "$res/short_tma.json"
+                       run short_ptr 150 env LIGHTNING_ATTENTION_TMA=0 python3 benchmarks/host_overhead.py --shapes "$shapes" \
+                           --out "$res/short_ptr.json"
+                       run d256_b1_old 90 env PYTHONPATH="$PWD/.old:$PYTHONPATH" python3 benchmarks/host_overhead.py \
+                           --shapes 1x65536x256 --out "$res/d256_b1_old.json" ;;
         tables) run tables 60 python3 benchmarks/perf_tables.py "$res" --out "$res/tables.md" ;;  # last: reads all
         model) run model 150 python3 -m lightning_attention.bench.model_timing --contexts 2048 8192 32768 65536 \
                    --loss-steps 0 ;;

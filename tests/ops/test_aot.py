@@ -104,6 +104,18 @@ def test_walk_programs_per_sm_on_an_h100():
     assert (per_sm(64), per_sm(128), per_sm(256)) == (2, 1, 1)
 
 
+def test_walk_first_config_tile_width_on_an_h100():
+    """The value tile the segment plan counts programs with (bf16, sm_90, descriptors): 64 wide at K = 64 and 128;
+    at K = 256 the 32-wide 4-warp tile where the state operand is bf16, 64 wide (8 warps) where it is fp32 (fp16)."""
+    from lightning_attention.ops.lightning.kernels.configs import SHARED_LIMITS, walk_first_config
+
+    def tile(d, state_bytes):
+        cfg = walk_first_config(d, d, 2, SHARED_LIMITS[90], tma=True, state_bytes=state_bytes)
+        return cfg.kwargs["BV"], cfg.num_warps
+
+    assert [tile(64, 2), tile(128, 2), tile(256, 2), tile(256, 4)] == [(64, 4), (64, 4), (32, 4), (64, 8)]
+
+
 @pytest.mark.parametrize("cc", ARCHS)
 def test_backward_and_prepass_variants_compile(ci_builds, cc):
     check([r for r in ci_builds if r["kernel"] == "walk" and r["cc"] == cc and r["flags"] in (REVERSE_SEGMENTED, PRE_PASS_VARLEN)])

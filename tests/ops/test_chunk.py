@@ -262,6 +262,7 @@ def test_segment_length_rule(length, programs, expected):
         (32768, 64, 16384),  # B = 2: 2 segments of 16K (4 of 8K would run in 2 rounds: no faster, 3/4 pre-pass)
         (65536, 32, 16384),  # B = 1: 4 of 16K
         (8192, 256, 0),
+        (65536, 128, 0),  # K = 256, bf16, B = 1: 16 heads x 8 value tiles of 32 fill 132 SMs in one round
     ],
 )
 def test_segment_length_rule_at_one_program_per_sm(length, programs, expected):

@@ -125,7 +125,9 @@ def test_forward_fake_plans_segments_from_symbolic_cuda_sizes(monkeypatch):
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
     monkeypatch.delenv("LIGHTNING_ATTENTION_SEGMENT_LEN", raising=False)
-    monkeypatch.setattr(chunk, "_walk_slots", lambda index, DK, DV, elem_bytes: 264)  # 132 SMs, 2 programs each
+    # 132 SMs, 2 programs of 64-wide value tiles each
+    monkeypatch.setattr(chunk, "_walk_occupancy", lambda index, DK, DV, elem_bytes, state_bytes: (264, 64))
+    monkeypatch.setattr(chunk, "_sm_count", lambda index: 132)
     shape_env = ShapeEnv()
     mode = FakeTensorMode(shape_env=shape_env)
     dynamic = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * 2 + [DimDynamic.STATIC] * 2)

@@ -59,6 +59,7 @@ from lightning_attention.ops.lightning.kernels.configs import (
     padded_dim,
     shared_limit,
     use_dkdv_walk,
+    walk_first_config,
     walk_programs_per_sm,
     walk_tile,
 )
@@ -112,15 +113,18 @@ def _sm_count(index: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def _walk_slots(index: int, DK: int, DV: int, elem_bytes: int) -> int:
-    """Walk programs the GPU runs at once (SMs × :func:`configs.walk_programs_per_sm`): a grid of fewer leaves SMs
-    idle, a grid of more runs in rounds."""
+def _walk_occupancy(index: int, DK: int, DV: int, elem_bytes: int, state_bytes: int) -> tuple[int, int]:
+    """(walk programs the GPU runs at once, their value tile) for the main walk's first configuration
+    (:func:`configs.walk_first_config`): SMs × :func:`configs.walk_programs_per_sm` slots (a grid of fewer leaves
+    SMs idle, a grid of more runs in rounds), and the BV that sets a grid's program count (cdiv(V, BV) per head)."""
     props = torch.cuda.get_device_properties(index)
     cc = props.major * 10 + props.minor
     block_limit = getattr(props, "shared_memory_per_block_optin", 0) or shared_limit(cc)
     sm_shared = getattr(props, "shared_memory_per_multiprocessor", 0) or SHARED_PER_SM.get(cc, block_limit)
     tma = tma_enabled(torch.device("cuda", index))
-    return _sm_count(index) * walk_programs_per_sm(DK, DV, elem_bytes, block_limit, sm_shared, tma)
+    per_sm = walk_programs_per_sm(DK, DV, elem_bytes, block_limit, sm_shared, tma, state_bytes)
+    BV = walk_first_config(DK, DV, elem_bytes, block_limit, tma, state_bytes).kwargs["BV"]
+    return _sm_count(index) * per_sm, BV
 
 
 # head dims up to this: a walk grid of one program per SM already streams its bytes at about DRAM speed (H100, bf16,
@@ -159,11 +163,13 @@ def _segment_len(x: torch.Tensor, lengths_total: int, num_seqs: int, H: int, DV:
     # ints, so they specialise here (LightningAttnFunction does not ask for states while compiling)
     lengths_total, num_seqs, H, DV = int(lengths_total), int(num_seqs), int(H), int(DV)
     index, DK = _device_index(x), int(x.shape[-1])
-    programs = num_seqs * H * cdiv(DV, 64)
-    # (the dims first: no device query for the grids the rule cannot apply to)
-    if max(DK, DV) <= BANDWIDTH_BOUND_DIM and fills_every_sm_once(DK, DV, programs, _sm_count(index)):
+    state_bytes = dkdv_state_bytes(_precisions(x.dtype)[1])
+    # programs at the first configuration's value tile: at K = 256 (bf16) 32 wide, twice the 64-wide count, so a
+    # batch-1 grid of 16 heads already fills 128 SMs (counted 64-wide, it was cut into segments that ran in 2 rounds)
+    slots, BV = _walk_occupancy(index, DK, DV, x.element_size(), state_bytes)
+    programs = num_seqs * H * cdiv(DV, BV)
+    if fills_every_sm_once(DK, DV, programs, _sm_count(index)):
         return 0
-    slots = _walk_slots(index, DK, DV, x.element_size())
     # a segment's fp32 state (4·K·V bytes) must stay within 25% of its q tile (seg·K·elem bytes): seg >= 16·V/elem
     min_len = max(256, 16 * DV // x.element_size())
     return best_segment_len(cdiv(lengths_total, num_seqs), programs, slots, min_len)

@@ -288,15 +288,25 @@ def estimate_resident_shared_bytes(
     return resident + (tma_store_bytes(BT, BV, elem_bytes) if tma else 0)
 
 
+def walk_first_config(
+    DK: int, DV: int, elem_bytes: int, block_limit: int, tma: bool = False, state_bytes: int = 4
+) -> triton.Config:
+    """The main walk's first configuration: the one the dispatcher tries first, under ``block_limit`` bytes of shared
+    memory per block (``tma``, ``state_bytes``: as for :func:`select_configs`). On an H100 with descriptors: K = 64
+    and 128 64-wide value tiles; K = 256 32-wide for bf16 (state operand in bf16), 64-wide with 8 warps otherwise."""
+    return select_configs(
+        walk_autotune_configs(), DK, DV, elem_bytes, block_limit, prefer=True, tma=tma, state_bytes=state_bytes
+    )[0]
+
+
 def walk_programs_per_sm(
-    DK: int, DV: int, elem_bytes: int, block_limit: int, sm_shared: int, tma: bool = False
+    DK: int, DV: int, elem_bytes: int, block_limit: int, sm_shared: int, tma: bool = False, state_bytes: int = 4
 ) -> int:
-    """How many programs of the main walk's first configuration (the one the dispatcher tries first) one SM runs at
-    once: bounded by shared memory (``sm_shared`` bytes per SM, the configuration chosen under ``block_limit`` per
-    block) and by registers. On an H100, bf16: K = 128 with three or four stages 1 (131 / 180 KB each with pointers /
-    descriptors), with two or one 2 (by registers); K = 64 2; K = 256 (8 warps) 1. ``tma``: the walk moves its tiles
-    by tensor descriptors."""
-    cfg = select_configs(walk_autotune_configs(), DK, DV, elem_bytes, block_limit, prefer=True, tma=tma)[0]
+    """How many programs of the main walk's first configuration (:func:`walk_first_config`) one SM runs at once:
+    bounded by shared memory (``sm_shared`` bytes per SM) and by registers. On an H100, bf16: K = 128 with three or
+    four stages 1 (131 / 180 KB each with pointers / descriptors), with two or one 2 (by registers); K = 64 2; K = 256
+    1 (8 warps, or the 32-wide tile's three stages)."""
+    cfg = walk_first_config(DK, DV, elem_bytes, block_limit, tma, state_bytes)
     BT, BV = cfg.kwargs["BT"], cfg.kwargs["BV"]
     shared = estimate_resident_shared_bytes(BT, walk_tile(DK), BV, cfg.num_stages, elem_bytes, tma)
     by_shared = sm_shared // (shared + RESERVED_SHARED_PER_BLOCK)
