@@ -15,9 +15,9 @@ from torch.profiler import ProfilerActivity, profile
 
 
 def profile_shape(B: int, T: int, H: int = 16, D: int = 128, iters: int = 10, dtype=torch.bfloat16):
-    """([{kernel, calls_per_iter, us_per_iter}], do_bench ms) for ``iters`` fwd+bwd calls at [B, T, H, D] (bf16, TNL
-    slopes): the kernels' own time per call next to the call's wall time (the difference: idle GPU, e.g. waiting
-    for the host)."""
+    """([{kernel, calls_per_iter, us_per_iter}], do_bench ms, [{kernel, us}] of the last call in launch order) for
+    ``iters`` fwd+bwd calls at [B, T, H, D] (bf16, TNL slopes): the kernels' own time per call next to the call's
+    wall time (the difference: idle GPU, e.g. waiting for the host)."""
     step = make_problem(B, T, H, D, dtype).fwd_bwd
     for _ in range(3):  # compile, autotune, warm
         step()
@@ -34,7 +34,14 @@ def profile_shape(B: int, T: int, H: int = 16, D: int = 128, iters: int = 10, dt
             continue
         rows.append({"kernel": e.key[:80], "calls_per_iter": e.count / iters, "us_per_iter": cuda_us / iters})
     rows.sort(key=lambda r: -r["us_per_iter"])
-    return rows, wall_ms
+    # the last call's kernels in launch order (the passes share a kernel name: the order tells them apart)
+    kernels = sorted(
+        (e for e in prof.events() if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA),
+        key=lambda e: e.time_range.start,
+    )
+    per_call = len(kernels) // iters
+    sequence = [{"kernel": e.name[:60], "us": e.time_range.elapsed_us()} for e in kernels[-per_call:]]
+    return rows, wall_ms, sequence
 
 
 def plan_and_configs(B: int, T: int, H: int = 16, D: int = 128) -> dict:
@@ -64,10 +71,11 @@ def main() -> int:
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "shapes": {}}
     for shape in args.shapes.split(","):
         B, T, D = parse_shape(shape)
-        rows, wall_ms = profile_shape(B, T, D=D, iters=args.iters)
+        rows, wall_ms, sequence = profile_shape(B, T, D=D, iters=args.iters)
         plan = plan_and_configs(B, T, D=D)
-        result["shapes"][shape] = {"kernels": rows, "do_bench_ms": wall_ms, "plan": plan}
+        result["shapes"][shape] = {"kernels": rows, "do_bench_ms": wall_ms, "plan": plan, "sequence": sequence}
         print(f"plan of {shape}: {plan}", flush=True)
+        print("one call, in launch order: " + ", ".join(f"{k['kernel']} {k['us']:.0f} us" for k in sequence))
         total = sum(r["us_per_iter"] for r in rows)
         print(f"== B={B} T={T} D={D}: {total / 1e3:.3f} ms of kernels per fwd+bwd, do_bench {wall_ms:.3f} ms", flush=True)
         for r in rows[:12]:

@@ -231,6 +231,12 @@ for stage in ${stages//,/ }; do
                            --out "$res/short_ptr.json"
                        run d256_b1_old 90 env PYTHONPATH="$PWD/.old:$PYTHONPATH" python3 benchmarks/host_overhead.py \
                            --shapes 1x65536x256 --out "$res/d256_b1_old.json" ;;
+        # K = 256, kernel by kernel (which pass takes the time, and the configuration each launch key took)
+        d256_profile) run d256_profile 120 python3 benchmarks/chunk_profile.py --shapes 64x1024x256,16x4096x256,2x32768x256 \
+                          --out "$res/d256_profile.json"
+                      run d256_pins 150 python3 benchmarks/chunk_sweep.py --D 256 --B 16 --T 4096 --inter input \
+                          --configs "BT=64,BV=32,num_warps=4,num_stages=3;BT=64,BV=64,num_warps=8,num_stages=2" \
+                          --out "$res/d256_pins.json" ;;
         tables) run tables 60 python3 benchmarks/perf_tables.py "$res" --out "$res/tables.md" ;;  # last: reads all
         model) run model 150 python3 -m lightning_attention.bench.model_timing --contexts 2048 8192 32768 65536 \
                    --loss-steps 0 ;;
