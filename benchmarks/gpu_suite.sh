@@ -237,6 +237,13 @@ for stage in ${stages//,/ }; do
                       run d256_pins 150 python3 benchmarks/chunk_sweep.py --D 256 --B 16 --T 4096 --inter input \
                           --configs "BT=64,BV=32,num_warps=4,num_stages=3;BT=64,BV=64,num_warps=8,num_stages=2" \
                           --out "$res/d256_pins.json" ;;
+        # K = 256 with 32-token chunks (q·kᵀ per token halves; the state update and q·S per token do not change): pinned
+        # sweep at 16 × 4K with descriptors (PROBE_WALK_MIN_TILE=32 keeps the 32-wide tiles), then checked against float64
+        d256_bt32) pins="BT=32,BV=32,num_warps=4,num_stages=3;BT=32,BV=32,num_warps=4,num_stages=4"
+                   pins+=";BT=32,BV=64,num_warps=8,num_stages=3;BT=32,BV=64,num_warps=4,num_stages=3;BT=64,BV=32,num_warps=4,num_stages=3"
+                   run d256_bt32_sweep 200 env PROBE_WALK_MIN_TILE=32 python3 benchmarks/chunk_sweep.py --D 256 --B 16 --T 4096 \
+                       --inter input --configs "$pins" --out "$res/d256_bt32_sweep.json"
+                   run d256_bt32_verify 200 env PROBE_WALK_MIN_TILE=32 python3 benchmarks/inter_debug.py --pins 256 "$pins" ;;
         tables) run tables 60 python3 benchmarks/perf_tables.py "$res" --out "$res/tables.md" ;;  # last: reads all
         model) run model 150 python3 -m lightning_attention.bench.model_timing --contexts 2048 8192 32768 65536 \
                    --loss-steps 0 ;;
