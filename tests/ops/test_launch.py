@@ -186,6 +186,45 @@ def test_exact_keys_alias_the_entry_of_their_specialisation():
     assert not cache.aliases and not cache.entries
 
 
+def test_bound_launch_skips_the_key_and_stops_after_a_reset_or_with_a_hook():
+    """DirectLauncher.bind (what replays use): nothing to bind until the entry is verified; then a bound call
+    launches the compiled kernel directly with new tensors of the same dtypes and alignments; after a reset, a
+    disable or with a launch hook set it declines (returns False, launches nothing) and the caller launches in full."""
+    kernel = FakeAutotuner(block=32)
+    launcher = _launcher(kernel)
+    n = 64
+    grid = lambda meta: (triton.cdiv(n, meta["BLOCK"]),)  # noqa: E731
+
+    def bind(x, out):
+        return launcher.bind(grid, (x, out, n), {"A": 2.0}, x)
+
+    x, out = torch.randn(n), torch.zeros(n)
+    assert bind(x, out) is None  # never launched: no entry
+    _call(launcher, x, out)
+    assert bind(x, out) is None  # learnt, not yet verified
+    _call(launcher, x, out)
+    bound = bind(x, out)
+    assert bound is not None and bound.grid3 == (2, 1, 1) and not bound.pointers  # CPU fake: tensors, not ints
+    (compiled,) = _compiled(kernel)
+    direct = compiled.direct_calls
+    x2, out2 = torch.randn(n), torch.full((n,), float("nan"))
+    assert bound((x2, out2, n), x2)
+    torch.testing.assert_close(out2, 2.0 * x2)
+    assert compiled.direct_calls == direct + 1 and kernel.fn.normal_launches == 2
+
+    rt = triton.knobs.runtime
+    saved = rt.launch_enter_hook
+    rt.launch_enter_hook = lambda *a: None
+    try:
+        assert not bound((x2, out2, n), x2)
+    finally:
+        rt.launch_enter_hook = saved
+    launcher.cache.reset()
+    out3 = torch.full((n,), float("nan"))
+    assert not bound((x2, out3, n), x2) and torch.isnan(out3).all()
+    assert compiled.direct_calls == direct + 1
+
+
 def test_config_pre_hook_disables_for_good():
     kernel = FakeAutotuner(pre_hook=lambda nargs: None)
     launcher = _launcher(kernel)

@@ -180,6 +180,51 @@ def test_wrapped_call_inside_a_recording_belongs_to_it():
     assert len(BODY_RUNS) == 1  # the inner body ran once, while the outer call was recorded
 
 
+class BindingLauncher(FakeLauncher):
+    """A launcher that binds, as DirectLauncher does on CUDA: its bound launches take the tensors as addresses."""
+
+    def __init__(self, body):
+        super().__init__(body)
+        self.bound_calls, self.accept = [], True
+
+    def bind(self, grid, args, constexprs, x):
+        launcher = self
+
+        class Bound:
+            pointers = True
+
+            def __call__(self, args, x):
+                if not launcher.accept:
+                    return False
+                launcher.bound_calls.append(args)
+                return True
+
+        return Bound()
+
+
+def test_replays_use_the_bound_launch_with_addresses_and_fall_back_when_it_declines():
+    launcher = BindingLauncher(lambda a, out, n: out.copy_(a + 1))
+
+    @replay.replayable(uncacheable=lambda a: False)
+    def plus_one(a):
+        out = replay.empty(4, 3, dtype=a.dtype, device=a.device)
+        replay.launch(launcher, (1,), (a, out, 7), {}, a)
+        return out
+
+    x = _inputs(0)[0]
+    plus_one(x)  # recorded (launched in full)
+    plus_one(x)  # replayed in full once, then bound
+    assert len(launcher.calls) == 2 and not launcher.bound_calls
+    w = torch.randn(4, 3, dtype=torch.float64)
+    out = plus_one(w)  # bound: the launch gets addresses, the same constants
+    (args,) = launcher.bound_calls
+    assert args == (w.data_ptr(), out.data_ptr(), 7)
+    launcher.accept = False  # declined (e.g. a reset since): launched in full, bound again
+    z = torch.randn(4, 3, dtype=torch.float64)
+    torch.testing.assert_close(plus_one(z), z + 1)
+    assert len(launcher.calls) == 3
+
+
 # the chunk path: segmented, pre-pass pieces (views of k and v), h0 and dht (transposed views), saved states
 
 chunk_plan = chunk.plan_segments  # the real plan, which the test below wraps to count its calls

@@ -14,7 +14,10 @@ of a key runs the function and records those steps, each tensor an argument refe
 allocation or a view of either). Later calls of the key run the steps alone: allocate, take the views, and call each
 launcher with the recorded arguments and the call's own tensors. Launchers are called exactly as the function called
 them (:class:`~lightning_attention.ops.lightning.kernels.launch.DirectLauncher` keeps its own key and checks), so
-autotuning, the interpreter and launch hooks behave as without replay.
+autotuning, the interpreter and launch hooks behave as without replay. Once a launcher has verified a launch, the
+recording binds it (:meth:`DirectLauncher.bind`): later replays skip the launcher's key and pass the tensors as their
+addresses; a bound launch declines after its cache was reset or disabled, or while a hook is set, and that replay
+then launches in full and binds again.
 
 A recording is kept only when every tensor in it is accounted for exactly once: a tensor that is none of the slots
 (e.g. a segment table built from host offsets), or an input passed twice as the same object (``q is k``: the
@@ -157,6 +160,7 @@ class Recording:
             if n in frees:
                 steps.append(("free", tuple(frees[n])))
         self.steps = steps
+        self.bound: list = [None] * len(steps)  # per launch step, once its launcher can bind it (DirectLauncher.bind)
         self.num_slots = len(self.tensors)
         self.tensors, self._ids = [], {}
         return self.valid
@@ -165,14 +169,10 @@ class Recording:
         """The recorded steps on this call's ``inputs``: the function's outputs."""
         values: list = [*inputs, *([None] * (self.num_slots - len(inputs)))]
         device = inputs[self.device_input].device
-        for step in self.steps:
+        for n, step in enumerate(self.steps):
             kind = step[0]
             if kind == "launch":
-                _, launcher, grid, (consts, tensors), constexprs, x = step
-                args = consts.copy()
-                for i, slot in tensors:
-                    args[i] = values[slot]
-                launcher(grid, tuple(args), constexprs, values[x.index] if type(x) is _Slot else x)
+                self._launch(n, step, values)
             elif kind == "alloc":
                 values[step[1]] = torch.empty(step[2], dtype=step[3], device=device)
             elif kind == "view":
@@ -186,6 +186,26 @@ class Recording:
                 step[1]()
         out = tuple(values[o.index] if type(o) is _Slot else o for o in self.outputs)
         return out[0] if self.single else out
+
+    def _launch(self, n: int, step: tuple, values: list) -> None:
+        """Launch step ``n``: through its bound launch when there is one (the launcher's key and checks done once,
+        tensors passed as addresses), else through the launcher as recorded, then bound for the next replays."""
+        _, launcher, grid, (consts, tensors), constexprs, x = step
+        x = values[x.index] if type(x) is _Slot else x
+        bound = self.bound[n]
+        if bound is not None:
+            args = consts.copy()
+            for i, slot in tensors:
+                args[i] = values[slot].data_ptr() if bound.pointers else values[slot]
+            if bound(tuple(args), x):
+                return
+        args = consts.copy()
+        for i, slot in tensors:
+            args[i] = values[slot]
+        args = tuple(args)
+        launcher(grid, args, constexprs, x)
+        bind = getattr(launcher, "bind", None)
+        self.bound[n] = None if bind is None else bind(grid, args, constexprs, x)
 
 
 def _step_slots(step: tuple):

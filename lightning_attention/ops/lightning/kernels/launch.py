@@ -116,6 +116,8 @@ class LaunchCache:
 
     def reset(self) -> None:
         """Forgets every entry and re-enables the fast path (when the kernel is a compiled ``JITFunction``)."""
+        # bumped by every reset and disable: a BoundLaunch made before stops launching directly
+        self.generation = getattr(self, "generation", 0) + 1
         self.entries: dict[tuple, _Entry] = {}
         self.aliases: dict[tuple, _Entry] = {}  # a caller's exact key -> the entry of its specialisation key
         self.get_device = self.get_stream = None  # Triton's driver functions, bound on first use
@@ -136,6 +138,7 @@ class LaunchCache:
                 stacklevel=3,
             )
         self.disabled = reason
+        self.generation += 1
         self.entries.clear()
         self.aliases.clear()
 
@@ -151,6 +154,11 @@ class LaunchCache:
             return False
         return True
 
+    def hooks_idle(self) -> bool:
+        """No launch hook and no pre-run hook is set (the fast path steps aside while one is)."""
+        rt = self._runtime
+        return _hook_idle(rt.launch_enter_hook) and _hook_idle(rt.launch_exit_hook) and not self._pre_run_hooks
+
     def device_for(self, x: torch.Tensor, scale=0.0) -> int | None:
         """The current CUDA device index when this call may take the fast path, else ``None``.
 
@@ -165,8 +173,7 @@ class LaunchCache:
             return None
         if self.get_device is None and not self._bind():
             return None
-        rt = self._runtime
-        if not (_hook_idle(rt.launch_enter_hook) and _hook_idle(rt.launch_exit_hook)) or self._pre_run_hooks:
+        if not self.hooks_idle():
             return None
         return index if index == self.get_device() else None
 
@@ -319,11 +326,8 @@ class DirectLauncher:
         if device is None:
             cache.kernel[grid](*args, **constexprs)
             return
-        n = self.num_tensors
-        if n is None:
-            n = self.num_tensors = next((i for i, a in enumerate(args) if not isinstance(a, torch.Tensor)), len(args))
         constants = tuple(constexprs.items())
-        exact = (device, *[(a.dtype, a.data_ptr() & 15) for a in args[:n]], args[n:], constants)
+        exact = self._exact_key(device, args, constants)
         entry = cache.aliases.get(exact)
         if entry is None:
             key = (device, specialization_key(args), *constants)
@@ -332,3 +336,54 @@ class DirectLauncher:
                 entry = cache.add(key, None, constexprs)
             cache.alias(exact, entry)
         cache.launch(entry, args, device, grid)
+
+    def _exact_key(self, device: int, args: tuple, constants: tuple) -> tuple:
+        n = self.num_tensors
+        if n is None:
+            n = self.num_tensors = next((i for i, a in enumerate(args) if not isinstance(a, torch.Tensor)), len(args))
+        return (device, *[(a.dtype, a.data_ptr() & 15) for a in args[:n]], args[n:], constants)
+
+    def bind(self, grid, args: tuple, constexprs: dict, x: torch.Tensor) -> "BoundLaunch | None":
+        """This call's launch fixed to its verified entry, for a caller that repeats it with other tensors of the
+        same dtypes and alignments and the same other arguments (ops/lightning/replay.py); None while the call would
+        not take the fast path (not yet verified, disabled, a hook set, not CUDA)."""
+        cache = self.cache
+        device = cache.device_for(x)
+        if device is None:
+            return None
+        entry = cache.aliases.get(self._exact_key(device, args, tuple(constexprs.items())))
+        if entry is None or entry.launcher is None:
+            return None
+        grid3 = _grid3(grid(entry.config) if callable(grid) else grid)
+        return BoundLaunch(cache, entry, device, grid3, pointers=cache.cuda_only)
+
+
+class BoundLaunch:
+    """A :class:`DirectLauncher` call whose entry was looked up once (:meth:`DirectLauncher.bind`): each call only
+    checks that the cache is the one it was bound under (no reset or disable since), that no hook is set and that the
+    device is current, then calls the compiled kernel's launcher. ``pointers``: the caller passes the tensors as
+    their addresses (ints), which spares Triton's launcher a device-pointer query per tensor; only for real compiled
+    kernels (CUDA), whose launcher takes either."""
+
+    __slots__ = ("cache", "device", "entry", "generation", "grid3", "pointers")
+
+    def __init__(self, cache: LaunchCache, entry: _Entry, device: int, grid3: tuple, pointers: bool):
+        self.cache, self.entry, self.device, self.grid3, self.pointers = cache, entry, device, grid3, pointers
+        self.generation = cache.generation
+
+    def __call__(self, args: tuple, x: torch.Tensor) -> bool:
+        """Launches and returns True, or returns False without launching (the caller then launches in full)."""
+        cache, entry, device = self.cache, self.entry, self.device
+        if cache.generation != self.generation or not cache.hooks_idle():
+            return False
+        if x.get_device() != device or cache.get_device() != device:
+            return False
+        try:
+            entry.launcher(
+                *self.grid3, cache.get_stream(device), entry.function, entry.packed_metadata, None, None, None,
+                *args, *entry.tail,
+            )  # fmt: skip
+        except (TypeError, AttributeError) as e:  # rejected while parsing its arguments: nothing was launched
+            cache.disable(f"the compiled kernel's launcher rejected a bound call: {type(e).__name__}: {e}")
+            return False
+        return True
