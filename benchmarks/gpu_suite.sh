@@ -244,6 +244,11 @@ for stage in ${stages//,/ }; do
                    run d256_bt32_sweep 200 env PROBE_WALK_MIN_TILE=32 python3 benchmarks/chunk_sweep.py --D 256 --B 16 --T 4096 \
                        --inter input --configs "$pins" --out "$res/d256_bt32_sweep.json"
                    run d256_bt32_verify 200 env PROBE_WALK_MIN_TILE=32 python3 benchmarks/inter_debug.py --pins 256 "$pins" ;;
+        # replay with bound launches against replay off and the package in .old/: kernels in launch order per shape
+        bound_probe) shapes="8x8192x64,16x4096x256,1x65536x256"
+                     run bound_on 120 python3 benchmarks/chunk_profile.py --shapes "$shapes" --out "$res/bound_on.json"
+                     run bound_off 120 env LIGHTNING_ATTENTION_REPLAY=0 python3 benchmarks/chunk_profile.py --shapes "$shapes" \
+                         --out "$res/bound_off.json" ;;
         tables) run tables 60 python3 benchmarks/perf_tables.py "$res" --out "$res/tables.md" ;;  # last: reads all
         model) run model 150 python3 -m lightning_attention.bench.model_timing --contexts 2048 8192 32768 65536 \
                    --loss-steps 0 ;;
