@@ -197,25 +197,30 @@ class LaunchCache:
         ``grid``: a tuple or a function of the constexprs (as Triton takes it); None: the entry's fixed grid.
         """
         grid = entry.grid if grid is None else grid
-        launcher = entry.launcher
-        if launcher is not None:
-            g0, g1, g2 = _grid3(grid(entry.config) if callable(grid) else grid)
-            try:
-                launcher(
-                    g0, g1, g2, self.get_stream(device), entry.function, entry.packed_metadata, None, None, None,
-                    *args, *entry.tail,
-                )  # fmt: skip
+        if entry.launcher is not None:
+            grid3 = _grid3(grid(entry.config) if callable(grid) else grid)
+            if self.launch_direct(entry, grid3, args, device):
                 return
-            except (TypeError, AttributeError) as e:
-                # The launcher rejects its arguments while parsing them, before anything is launched: the normal
-                # launch below is this call's only launch.
-                self.disable(f"the compiled kernel's launcher rejected the direct call: {type(e).__name__}: {e}")
+            # rejected: the normal launch below is this call's only launch
         if self.disabled is None and entry.compiled is not None:
             self._verify(entry, args, device, grid)
             return
         compiled = self.kernel[grid](*args, **entry.kwargs)
         if self.disabled is None:
             self._adopt(entry, compiled, len(args))
+
+    def launch_direct(self, entry: _Entry, grid3: tuple, args: tuple, device: int) -> bool:
+        """Calls a verified entry's compiled launcher; False (and the fast path disabled) when the launcher rejects
+        its arguments, which it does while parsing them, before anything is launched."""
+        try:
+            entry.launcher(
+                *grid3, self.get_stream(device), entry.function, entry.packed_metadata, None, None, None,
+                *args, *entry.tail,
+            )  # fmt: skip
+        except (TypeError, AttributeError) as e:
+            self.disable(f"the compiled kernel's launcher rejected the direct call: {type(e).__name__}: {e}")
+            return False
+        return True
 
     def _adopt(self, entry: _Entry, compiled, num_args: int) -> None:
         if compiled is None or hasattr(compiled, "result"):
@@ -373,17 +378,9 @@ class BoundLaunch:
 
     def __call__(self, args: tuple, x: torch.Tensor) -> bool:
         """Launches and returns True, or returns False without launching (the caller then launches in full)."""
-        cache, entry, device = self.cache, self.entry, self.device
+        cache, device = self.cache, self.device
         if cache.generation != self.generation or not cache.hooks_idle():
             return False
         if x.get_device() != device or cache.get_device() != device:
             return False
-        try:
-            entry.launcher(
-                *self.grid3, cache.get_stream(device), entry.function, entry.packed_metadata, None, None, None,
-                *args, *entry.tail,
-            )  # fmt: skip
-        except (TypeError, AttributeError) as e:  # rejected while parsing its arguments: nothing was launched
-            cache.disable(f"the compiled kernel's launcher rejected a bound call: {type(e).__name__}: {e}")
-            return False
-        return True
+        return cache.launch_direct(self.entry, self.grid3, args, device)
