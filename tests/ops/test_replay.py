@@ -38,7 +38,7 @@ FIRST, SECOND = FakeLauncher(_scale_plus_sum), FakeLauncher(_row_sums)
 BODY_RUNS = []
 
 
-@replay.replayable(uncacheable=lambda a: a[2] < 0)
+@replay.replayable(uncacheable=lambda a: a[2] < 0, environment=("LIGHTNING_ATTENTION_SEGMENT_LEN",))
 def fake_op(x, y, scale):
     """x: [4, 3]; y: [3, 5]; scale: a float (< 0: uncacheable). Returns ([4] row sums, None)."""
     BODY_RUNS.append(1)
@@ -79,7 +79,7 @@ def test_second_call_replays_on_its_own_tensors():
     torch.testing.assert_close(out0, _expected(x0, y0, 0.5), rtol=0, atol=0)
     torch.testing.assert_close(out1, _expected(x1, y1, 0.5), rtol=0, atol=0)
     # the launchers got the new call's tensors, the view rebuilt on the new y, and the same constants
-    grid, args, constexprs, x = FIRST.calls[1]
+    _, args, constexprs, x = FIRST.calls[1]
     assert args[0] is x1 and x is x1 and args[3:] == (4, 0.5) and constexprs == {"C": 2.0}
     assert args[1].data_ptr() == y1.t()[1:].data_ptr() and args[1].stride() == y1.t()[1:].stride()
     assert SECOND.calls[1][1][1] is out1

@@ -51,6 +51,7 @@ import triton.language as tl
 from lightning_attention.backend import plain_eager
 from lightning_attention.ops.lightning import naive, replay
 from lightning_attention.ops.lightning.kernels.configs import (
+    ENV_CONFIG,
     SHARED_PER_SM,
     cdiv,
     dkdv_state_bytes,
@@ -71,11 +72,12 @@ from lightning_attention.ops.lightning.kernels.walk import (
     lightning_state_kernel,
     lightning_walk_kernel,
 )
-from lightning_attention.ops.lightning.tma import ensure_allocator, tma_enabled, tma_ready
+from lightning_attention.ops.lightning.tma import ENV_TMA, ensure_allocator, tma_enabled, tma_ready
 
 ENV_SEGMENT_LEN = "LIGHTNING_ATTENTION_SEGMENT_LEN"
 ENV_DKDV = "LIGHTNING_ATTENTION_DKDV"
 ENV_PREPASS_LEN = "LIGHTNING_ATTENTION_PREPASS_LEN"
+ENV_BF16_INTER = "LIGHTNING_ATTENTION_BF16_INTER"
 MAX_HEAD_DIM = 256
 # the backward="auto" rule: the chunk backward wants >= 128 KB of shared memory per block (DESIGN §2)
 CHUNK_BACKWARD_MIN_SHARED = 128 * 1024
@@ -248,7 +250,7 @@ def _precisions(dtype: torch.dtype):
     if dtype in (torch.float32, torch.float64):
         return "ieee", "ieee"
     if dtype == torch.bfloat16:
-        mode = os.environ.get("LIGHTNING_ATTENTION_BF16_INTER", "input")
+        mode = os.environ.get(ENV_BF16_INTER, "input")
         return None, "tf32" if mode == "tf32" else "input"
     return None, "tf32"
 
@@ -526,9 +528,14 @@ def _segmented_states(k, v, *, slope, h0, ht, plan, N, H, T, scale_upd, reverse)
     return states
 
 
+# every environment variable the launch path below reads per call (the plan, the pre-pass pieces, pinned and fused
+# configurations, descriptors, the bf16 inter product): part of a replay's key
+LAUNCH_ENVIRONMENT = (ENV_SEGMENT_LEN, ENV_PREPASS_LEN, ENV_CONFIG, ENV_DKDV, ENV_TMA, ENV_BF16_INTER)
+
+
 # replayed (replay.py) but for T = 0 (outputs copied or zero-filled, no launches) and host offsets (cu_seqlens_cpu: the
 # plan depends on their values, which the key does not see)
-@replay.replayable(uncacheable=lambda a: a[0].shape[1] == 0 or a[6] is not None)
+@replay.replayable(uncacheable=lambda a: a[0].shape[1] == 0 or a[6] is not None, environment=LAUNCH_ENVIRONMENT)
 def chunk_forward(q, k, v, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk=0):
     """(o [B, T, H, V] in q.dtype, final state [N, H, K, V] or None, segment states or None). Inputs validated.
 
@@ -560,7 +567,7 @@ def chunk_forward(q, k, v, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, output_
     return o, ht, states
 
 
-@replay.replayable(uncacheable=lambda a: a[0].shape[1] == 0 or a[8] is not None)  # as chunk_forward
+@replay.replayable(uncacheable=lambda a: a[0].shape[1] == 0 or a[8] is not None, environment=LAUNCH_ENVIRONMENT)
 def chunk_backward(
     q, k, v, do, dht, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, need_dh0, inter_chunk=0, fwd_states=None
 ):

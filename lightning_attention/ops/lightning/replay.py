@@ -9,7 +9,8 @@ that Python computes the same launches every time.
 How. :func:`replayable` wraps a function whose work is allocations (:func:`empty`), views of its tensors
 (:func:`view`) and kernel launches (:func:`launch`), each a deterministic function of a key: every tensor
 argument's shape, strides, dtype, device and address modulo 16 (what the launch key and the descriptor rules see),
-every other argument's value, and the environment variables the launch path reads (:data:`ENV_NAMES`). The first call
+every other argument's value, and the environment variables the wrapped function's launch path reads (named by
+its ``environment``, plus :data:`ENV_REPLAY`). The first call
 of a key runs the function and records those steps, each tensor an argument refers to as a slot (an input, an
 allocation or a view of either). Later calls of the key run the steps alone: allocate, take the views, and call each
 launcher with the recorded arguments and the call's own tensors. Launchers are called exactly as the function called
@@ -36,33 +37,20 @@ from collections.abc import Callable
 import torch
 
 ENV_REPLAY = "LIGHTNING_ATTENTION_REPLAY"
-# every environment variable the chunk launch path reads per call (chunk.py, kernels/configs.py, tma.py): part of
-# the key, so that a change takes effect at the next call as without replay
-ENV_NAMES = (
-    ENV_REPLAY,
-    "LIGHTNING_ATTENTION_SEGMENT_LEN",
-    "LIGHTNING_ATTENTION_PREPASS_LEN",
-    "LIGHTNING_ATTENTION_KERNEL_CONFIG",
-    "LIGHTNING_ATTENTION_DKDV",
-    "LIGHTNING_ATTENTION_TMA",
-    "LIGHTNING_ATTENTION_BF16_INTER",
-)
 MAX_RECORDINGS = 256  # keys per wrapped function (past it the cache starts over)
 
 
-def _environment_reader() -> tuple[Callable[[], tuple], object]:
-    """A function returning the values of :data:`ENV_NAMES` (None where unset), and the value that turns replay off
-    as that function returns it. CPython's ``os.environ`` keeps its data in a dict of encoded names and values: read
-    there it costs ~0.3 µs for all of them against ~4 µs through ``os.environ.get`` (called twice per fwd+bwd)."""
+def _environment_reader(names: tuple[str, ...]) -> tuple[Callable[[], tuple], object]:
+    """A function returning the values of ``names`` (None where unset), and the value that turns replay off as that
+    function returns it (for ``names[0]`` = :data:`ENV_REPLAY`). CPython's ``os.environ`` keeps its data in a dict
+    of encoded names and values: read there it costs ~0.3 µs for seven names against ~4 µs through
+    ``os.environ.get`` (called twice per fwd+bwd)."""
     data, encode = getattr(os.environ, "_data", None), getattr(os.environ, "encodekey", None)
     encode_value = getattr(os.environ, "encodevalue", None)
     if isinstance(data, dict) and callable(encode) and callable(encode_value):
-        keys = tuple(encode(name) for name in ENV_NAMES)
+        keys = tuple(encode(name) for name in names)
         return (lambda: tuple(map(data.get, keys))), encode_value("0")
-    return (lambda: tuple(os.environ.get(name) for name in ENV_NAMES)), "0"
-
-
-_read_environment, _OFF = _environment_reader()
+    return (lambda: tuple(os.environ.get(name) for name in names)), "0"
 
 _state = threading.local()  # .recording: the Recording being made on this thread, or None
 _wrapped: list = []  # every replayable function's recordings (for clear())
@@ -263,19 +251,22 @@ def _key_part(a):
     return a
 
 
-def replayable(uncacheable: Callable[[tuple], bool]):
+def replayable(uncacheable: Callable[[tuple], bool], environment: tuple[str, ...] = ()):
     """Decorator (module docstring): record the first call of every key, replay the later ones. ``uncacheable(args)``:
-    True for a call whose steps the key does not determine (it runs in full, unrecorded)."""
+    True for a call whose steps the key does not determine (it runs in full, unrecorded). ``environment``: every
+    environment variable the function's launch path reads per call, part of the key so that a change takes effect at
+    the next call as without replay."""
+    read_environment, off = _environment_reader((ENV_REPLAY, *environment))
 
     def decorate(fn):
         recordings: dict[tuple, Recording] = {}
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            env = _read_environment()
+            env = read_environment()
             # keywords: not keyed (callers pass everything by position); inside another recording (a wrapped
             # function calling one): its steps belong to that recording
-            if kwargs or env[0] == _OFF or _recording() is not None or uncacheable(args):
+            if kwargs or env[0] == off or _recording() is not None or uncacheable(args):
                 return fn(*args, **kwargs)
             key = (env, *[_key_part(a) for a in args])
             rec = recordings.get(key)
