@@ -249,6 +249,20 @@ for stage in ${stages//,/ }; do
                      run bound_on 120 python3 benchmarks/chunk_profile.py --shapes "$shapes" --out "$res/bound_on.json"
                      run bound_off 120 env LIGHTNING_ATTENTION_REPLAY=0 python3 benchmarks/chunk_profile.py --shapes "$shapes" \
                          --out "$res/bound_off.json" ;;
+        # Triton's automatic warp specialisation of the walk's chunk loop (a producer warpgroup issues the TMA loads,
+        # consumers compute; kernels/walk.py WARP_SPEC, pinned with warp_spec=1): timed beside the tuned tiles, then
+        # checked against float64. Local sm_90 builds (triton 3.6): K = 256 with two stages (172 / 213 KB for 32- / 64-
+        # wide tiles), K = 128 with four (197 KB); the pass fails at K = 128 with 2 or 3 stages, and on the H100 also
+        # for the 32-wide K = 256 tile (-z34; slower where it compiled: NOTES-kernels.md, session 9)
+        ws_probe) pins="BT=64,BV=32,num_warps=4,num_stages=2,warp_spec=1;BT=64,BV=64,num_warps=4,num_stages=2,warp_spec=1"
+                  run ws_sweep_d256 240 env PROBE_WALK_MIN_TILE=32 python3 benchmarks/chunk_sweep.py --D 256 --B 16 --T 4096 \
+                      --inter input --configs "$pins;BT=64,BV=32,num_warps=4,num_stages=3" --out "$res/ws_sweep_d256.json"
+                  run ws_sweep_d256_1k 200 env PROBE_WALK_MIN_TILE=32 python3 benchmarks/chunk_sweep.py --D 256 --B 64 --T 1024 \
+                      --inter input --configs "$pins;BT=64,BV=32,num_warps=4,num_stages=3" --out "$res/ws_sweep_d256_1k.json"
+                  run ws_sweep_d128 150 python3 benchmarks/chunk_sweep.py --D 128 --B 8 --T 8192 --inter input \
+                      --configs "BT=64,BV=64,num_warps=4,num_stages=4,warp_spec=1;BT=64,BV=64,num_warps=4,num_stages=4" \
+                      --out "$res/ws_sweep_d128.json"
+                  run ws_verify_d256 200 env PROBE_WALK_MIN_TILE=32 python3 benchmarks/inter_debug.py --pins 256 "$pins" ;;
         tables) run tables 60 python3 benchmarks/perf_tables.py "$res" --out "$res/tables.md" ;;  # last: reads all
         model) run model 150 python3 -m lightning_attention.bench.model_timing --contexts 2048 8192 32768 65536 \
                    --loss-steps 0 ;;

@@ -239,6 +239,29 @@ def test_narrow_tile_admitted_only_with_descriptors_where_it_fits():
     assert narrow not in shapes(tma=False)  # through pointers this tile faulted (h100-2026-11-22o)
 
 
+def test_pinned_probe_flag_reaches_the_walk(monkeypatch):
+    """A pin's probe flag (``warp_spec=1``: kernels/walk.py WARP_SPEC) survives the pruning that clamps the tile, the
+    tuned space carries none, and an unknown key is refused."""
+    import pytest
+
+    from lightning_attention.ops.lightning.kernels.configs import (
+        ENV_CONFIG,
+        SHARED_LIMITS,
+        select_configs,
+        walk_autotune_configs,
+    )
+
+    assert not any("WARP_SPEC" in c.kwargs for c in walk_autotune_configs())
+    monkeypatch.setenv(ENV_CONFIG, "BT=64,BV=64,num_warps=4,num_stages=4,warp_spec=1")
+    (pinned,) = walk_autotune_configs()
+    assert pinned.kwargs["WARP_SPEC"] is True
+    (kept,) = select_configs([pinned], 128, 40, 2, SHARED_LIMITS[90], prefer=True, tma=True)
+    assert (kept.kwargs["BV"], kept.kwargs["WARP_SPEC"]) == (64, True)
+    monkeypatch.setenv(ENV_CONFIG, "BT=64,warp_specialise=1")
+    with pytest.raises(ValueError, match="unknown key"):
+        walk_autotune_configs()
+
+
 def test_head_dim_preferences_come_first_where_they_fit():
     """configs.PREFERRED_BY_BK (PREFERRED_BY_BK_TMA with tensor descriptors) leads the main walk's tuning on sm_90
     (measured and checked there), narrow heads take the preferences of their 64-wide tile, and the pre-pass keeps

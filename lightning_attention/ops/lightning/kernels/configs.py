@@ -153,8 +153,13 @@ def walk_config(meta: dict, num_warps: int, num_stages: int) -> triton.Config:
     return triton.Config({**meta, "INTER_APART": num_warps > 4}, num_warps=num_warps, num_stages=num_stages)
 
 
+# probe-only kernel flags a pin may set (``name=1``), by the walk kernel's constexpr they turn on
+_PIN_FLAGS = {"warp_spec": "WARP_SPEC"}
+
+
 def _parse_pinned(text: str) -> triton.Config:
     fields = {"BT": _SPACE[0][0], "BV": _SPACE[0][1], "num_warps": _SPACE[0][2], "num_stages": _SPACE[0][3]}
+    fields.update(dict.fromkeys(_PIN_FLAGS, 0))
     for item in text.split(","):
         if not item.strip():
             continue
@@ -163,7 +168,9 @@ def _parse_pinned(text: str) -> triton.Config:
         if key not in fields:
             raise ValueError(f"{ENV_CONFIG}: unknown key {key!r} in {text!r}; keys are {sorted(fields)}")
         fields[key] = int(value)
-    return walk_config({"BT": fields["BT"], "BV": fields["BV"]}, fields["num_warps"], fields["num_stages"])
+    meta = {"BT": fields["BT"], "BV": fields["BV"]}
+    meta.update({flag: True for name, flag in _PIN_FLAGS.items() if fields[name]})
+    return walk_config(meta, fields["num_warps"], fields["num_stages"])
 
 
 def walk_autotune_configs(state_only: bool = False) -> list[triton.Config]:
@@ -391,7 +398,8 @@ def select_configs(
         estimate = estimate_shared_bytes(BT, BK, BV, cfg.num_stages, elem_bytes, tma=tma, state_bytes=state_bytes)
         if limit is not None and estimate > limit:
             continue
-        config = walk_config({"BT": BT, "BV": BV}, cfg.num_warps, cfg.num_stages)
+        extra = {k: v for k, v in cfg.kwargs.items() if k not in ("BT", "BV", "INTER_APART")}  # a pin's WARP_SPEC
+        config = walk_config({"BT": BT, "BV": BV, **extra}, cfg.num_warps, cfg.num_stages)
         if BV >= WALK_MIN_TILE or (tma and key in TMA_NARROW_TILES.get(BK, ())):
             wide.append(config)
         elif cfg.num_warps >= NARROW_TILE_MIN_WARPS:

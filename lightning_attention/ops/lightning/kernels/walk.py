@@ -140,6 +140,7 @@ def _walk_kernel(
     ACC: tl.constexpr,  # tl.float32 (tl.float64 for fp64 inputs under the interpreter)
     DOT_PREC: tl.constexpr,  # "ieee" for fp32/fp64 operands, else the tensor-core default
     INTER_PREC: tl.constexpr,  # (q·λ)·S: "ieee" (fp32 inputs), "tf32" (fp32 operands), "input" (bf16 operands)
+    WARP_SPEC: tl.constexpr = False,  # the chunk loop warp-specialised by Triton (probe; configs._parse_pinned)
 ):
     # grid: one program per (V tile, head, segment), V tile fastest so the programs that share a (segment, head)
     # run side by side and read its q/k tiles through L2 once
@@ -209,7 +210,8 @@ def _walk_kernel(
             n_chunks = tl.where(first, 0, n_chunks)
         else:
             n_chunks = tl.where(last, 0, n_chunks)
-    for i_c in range(0, n_chunks):
+    # the pre-pass (STATE_ONLY) is never warp-specialised: Triton 3.6's pass fails on its loop
+    for i_c in tl.range(0, n_chunks, warp_specialize=WARP_SPEC and not STATE_ONLY):
         if REVERSE:
             lo = bos + (n_chunks - 1 - i_c) * C
         else:
