@@ -121,7 +121,8 @@ def build_walk(cc: int, dtype: str, DK: int, DV: int, cfg, flags: dict) -> dict:
     constexprs = dict(
         DK=DK, DV=DV, BT=BT, BK=BK, BV=BV,
         VARLEN=0, REVERSE=False, HAS_DECAY=True, USE_H0=True, STORE_HT=True, SEG_IN=False, STATE_ONLY=False,
-        SKIP_FINAL=False, INTER_ONLY=False, INTER_APART=cfg.kwargs["INTER_APART"], **_precision_constexprs(dtype),
+        SKIP_FINAL=False, INTER_ONLY=False, INTER_APART=cfg.kwargs["INTER_APART"], WARP_SPEC=cfg.kwargs["WARP_SPEC"],
+        **_precision_constexprs(dtype),
     )  # fmt: skip
     inter_only = bool(flags.get("INTER_ONLY", False))
     # as a launch there (chunk._walk): tensor descriptors on sm_90+ for whole chunks, never in the inter-only mode

@@ -6,6 +6,7 @@ same rounded inputs, with the loss ``(o·do).sum() + (final_state·dht).sum()`` 
 final state are covered, and the relative-L2 tolerance of DESIGN §5 for the input dtype.
 """
 
+import inspect
 from dataclasses import dataclass
 
 import pytest
@@ -440,6 +441,47 @@ def test_inter_only_mode(case, triton_backend):
     assert_close("final_state", ht, ht64, case.dtype)
     for name, got, ref in zip(("dq", "dk", "dv", "dh0"), grads, refs):
         assert_close(name, got, ref, case.dtype)
+
+
+def test_every_launch_names_all_its_constexprs(triton_backend):
+    """The direct launcher (kernels/launch.py) takes a compiled kernel only when every argument after the positional
+    ones is passed or chosen by the autotuner; a defaulted one sends every launch through Triton's slower path, which
+    only shows on a GPU (h100-2026-11-22z36: a walk flag with a default doubled K = 64's fwd+bwd). Every launch of
+    the forward, both backwards, the pre-pass, the scan and the inter-only walk, against every configuration its
+    autotuner may choose."""
+    from lightning_attention.ops.lightning.chunk import lightning_attn_inter_triton
+
+    launchers = [chunk._WALK, chunk._STATE, chunk._INTER_WALK, chunk._SCAN, chunk._DKDV, chunk._DKDV_FIXED_BT]
+    seen = []
+    real_launch = chunk.replay.launch
+
+    def recording_launch(launcher, grid, args, constexprs, x):
+        seen.append((launcher, len(args), dict(constexprs)))
+        real_launch(launcher, grid, args, constexprs, x)
+
+    triton_backend.setattr(chunk.replay, "launch", recording_launch)
+    triton_backend.setenv("LIGHTNING_ATTENTION_REPLAY", "0")  # every call plans and launches
+    triton_backend.setenv("LIGHTNING_ATTENTION_SEGMENT_LEN", "32")
+    q, k, v, slope, h0, _, _ = make_inputs(Case("launches", T=70, K=32, V=32, h0=True))
+    for dkdv in ("0", "1"):
+        triton_backend.setenv("LIGHTNING_ATTENTION_DKDV", dkdv)
+        o, ht = la.lightning_attn(q, k, v, slope, initial_state=h0, output_final_state=True)
+        torch.autograd.grad(o.sum() + ht.sum(), (q, k, v, h0))
+    o, ht = lightning_attn_inter_triton(q, k, v, slope, chunk_size=32, initial_state=h0, output_final_state=True)
+    torch.autograd.grad(o.sum() + ht.sum(), (q, k, v, h0))
+
+    assert {id(launcher) for launcher, _, _ in seen} == {id(launcher) for launcher in launchers}
+    for launcher, num_args, constexprs in seen:
+        cache = launcher.cache
+        # a JITFunction on a GPU; the interpreter's kernel is the Python function itself
+        names = getattr(cache.jit, "arg_names", None) or list(inspect.signature(cache.jit).parameters)
+        names = names[num_args:]
+        assert names, cache.name
+        choices = getattr(cache.kernel, "configs", None) or [None]  # an Autotuner's space, else no choice
+        for config in choices:
+            given = {**constexprs, **(config.kwargs if config is not None else {})}
+            missing = [n for n in names if n not in given]
+            assert not missing, (cache.name, missing)
 
 
 def test_inter_only_rejects_bad_chunk_size():

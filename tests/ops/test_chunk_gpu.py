@@ -137,3 +137,38 @@ def test_head_dims_against_float64(K, V, segment_len, monkeypatch):
     slope = la.tnl_slopes(H, 0, 2).to("cuda", torch.float32)
     inputs = _inputs(B, T, H, K, V, torch.bfloat16)
     _compare(_fwd_bwd(*inputs, slope), _reference(*inputs, slope), torch.bfloat16)
+
+
+def test_every_chunk_launch_stays_on_the_direct_path(monkeypatch):
+    """The chunk op's launchers keep their direct path (kernels/launch.py) through a segmented fwd+bwd, the fused
+    dk/dv walk and the inter-only walk: one that disables itself still computes right values but pays Triton's
+    launch per call, which doubled K = 64's fwd+bwd in h100-2026-11-22z36 (a walk constexpr with a default)."""
+    import warnings
+
+    from lightning_attention.ops.lightning import chunk
+
+    launchers = [chunk._WALK, chunk._STATE, chunk._INTER_WALK, chunk._SCAN, chunk._DKDV, chunk._DKDV_FIXED_BT]
+    for launcher in launchers:
+        launcher.cache.reset()  # another test may have disabled one on purpose
+    B, T, H, K = 2, 4096, 4, 64
+    q, k, v, h0, do, dht = _inputs(B, T, H, K, K, torch.bfloat16)
+    slope = la.tnl_slopes(H, 0, 2).cuda()
+    monkeypatch.setenv("LIGHTNING_ATTENTION_SEGMENT_LEN", "1024")
+    monkeypatch.setenv("LIGHTNING_ATTENTION_REPLAY", "0")  # every call launches through the launchers
+    with warnings.catch_warnings():
+        # a launcher that disables itself warns: fail at that launch
+        warnings.filterwarnings("error", message=".*direct kernel launch disabled", category=RuntimeWarning)
+        for dkdv in ("0", "1"):
+            monkeypatch.setenv("LIGHTNING_ATTENTION_DKDV", dkdv)
+            for _ in range(3):  # the first launch compiles, the second verifies, the third goes direct
+                _fwd_bwd(q, k, v, h0, do, dht, slope)
+        for _ in range(3):
+            o, ht = chunk.lightning_attn_inter_triton(q, k, v, slope, chunk_size=128, initial_state=h0,
+                                                      output_final_state=True)  # fmt: skip
+            torch.autograd.grad((o.float() * do.float()).sum() + (ht * dht).sum(), (q, k, v, h0))
+    torch.cuda.synchronize()
+    for launcher in launchers:
+        assert launcher.cache.disabled is None, (launcher.cache.name, launcher.cache.disabled)
+        assert launcher.cache.entries, launcher.cache.name  # it was used
+        # verified: its compiled kernel's launcher is called directly
+        assert any(e.launcher is not None for e in launcher.cache.entries.values()), launcher.cache.name

@@ -149,8 +149,13 @@ def walk_config(meta: dict, num_warps: int, num_stages: int) -> triton.Config:
     along its rows; 64 rows fill one warpgroup, so with 8 warps both warpgroups computed the whole q·S. Added after
     the intra product instead, it is split between them by columns. K = 256, (64, 64, 8, 2) on an H100: fwd 2.52 ->
     2.03 ms, fwd+bwd 9.97 -> 8.14 (spills 24 -> 0 registers). With 4 warps both forms have the same layout and the
-    accumulator form was 1-3% faster (K = 128, 64) (benchmarks/results/h100-2026-11-22z5)."""
-    return triton.Config({**meta, "INTER_APART": num_warps > 4}, num_warps=num_warps, num_stages=num_stages)
+    accumulator form was 1-3% faster (K = 128, 64) (benchmarks/results/h100-2026-11-22z5).
+
+    WARP_SPEC (off unless ``meta`` turns it on: a pin's ``warp_spec=1``) is always in the configuration: the direct
+    launcher (kernels/launch.py) takes a launch only when every constexpr is passed or chosen, never defaulted."""
+    return triton.Config(
+        {"WARP_SPEC": False, **meta, "INTER_APART": num_warps > 4}, num_warps=num_warps, num_stages=num_stages
+    )
 
 
 # probe-only kernel flags a pin may set (``name=1``), by the walk kernel's constexpr they turn on

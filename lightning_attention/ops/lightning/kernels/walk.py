@@ -140,7 +140,7 @@ def _walk_kernel(
     ACC: tl.constexpr,  # tl.float32 (tl.float64 for fp64 inputs under the interpreter)
     DOT_PREC: tl.constexpr,  # "ieee" for fp32/fp64 operands, else the tensor-core default
     INTER_PREC: tl.constexpr,  # (q·λ)·S: "ieee" (fp32 inputs), "tf32" (fp32 operands), "input" (bf16 operands)
-    WARP_SPEC: tl.constexpr = False,  # the chunk loop warp-specialised by Triton (probe; configs._parse_pinned)
+    WARP_SPEC: tl.constexpr,  # the chunk loop warp-specialised by Triton (a probe's pin only: configs.walk_config)
 ):
     # grid: one program per (V tile, head, segment), V tile fastest so the programs that share a (segment, head)
     # run side by side and read its q/k tiles through L2 once
