@@ -28,6 +28,16 @@ PRE_PASS_VARLEN = {"STATE_ONLY": True, "USE_H0": False, "STORE_HT": False, "VARL
 # hybrid attention's default: chunks of 256 tokens, inter-only reverse walk, the values (V = 128) and the narrow
 # normaliser call (V = 16) in both orientations
 INTER_ONLY_256 = {"INTER_ONLY": True, "BT": 256, "REVERSE": True}
+# the two-warpgroup walk (Gluon, sm_90 only): forward with h0 and final state, the reverse walk with dht and dh0,
+# segments in both directions, no decay, and V = 64 (one pair of value tiles)
+WALK_WS_BUILDS = [
+    (256, {}),
+    (256, {"REVERSE": True}),
+    (256, {"SEG_IN": True, "USE_H0": False, "STORE_HT": False}),
+    (256, {"SEG_IN": True, "USE_H0": False, "STORE_HT": False, "REVERSE": True}),
+    (256, {"HAS_DECAY": False}),
+    (64, {}),
+]
 
 
 def build(jobs: list[dict], timeout: int = 600) -> list[dict]:
@@ -71,7 +81,18 @@ def ci_builds():
     jobs += [{"kernel": "dkdv", "cc": cc, "dtype": dt, "DK": 128, "DV": 128} for cc in ARCHS for dt in ("bf16", "fp16")]
     jobs += [{"cc": cc, "dtype": "bf16", "DK": dk, "DV": dv, "flags": INTER_ONLY_256}
              for cc in (80, 90) for dk, dv in ((128, 128), (16, 128))]  # fmt: skip
+    jobs += [{"kernel": "walk_ws", "cc": 90, "DV": dv, "flags": flags} for dv, flags in WALK_WS_BUILDS]
     return build(jobs)
+
+
+def test_two_warpgroup_walk_compiles_for_sm90(ci_builds):
+    """Gluon has no interpreter: on CPU the two-warpgroup walk is only built, in every variant the dispatcher
+    launches, within the H100's shared memory, with its two consumer warpgroups and the producer warp (12 warps)."""
+    pytest.importorskip("triton.experimental.gluon")
+    builds = [r for r in ci_builds if r["kernel"] == "walk_ws"]
+    assert len(builds) == len(WALK_WS_BUILDS)
+    check(builds)
+    assert all(r["num_warps"] == 12 for r in builds), builds
 
 
 @pytest.mark.parametrize("cc", ARCHS)

@@ -172,3 +172,31 @@ def test_every_chunk_launch_stays_on_the_direct_path(monkeypatch):
         assert launcher.cache.entries, launcher.cache.name  # it was used
         # verified: its compiled kernel's launcher is called directly
         assert any(e.launcher is not None for e in launcher.cache.entries.values()), launcher.cache.name
+
+
+@pytest.mark.parametrize(
+    "T, decay, scale, segment_len",
+    [(1000, "tnl", 1.0, 0), (777, "none", 0.0625, 0), (1024, "tnl", 1.0, 256), (130, "tnl", 1.0, 0)],
+    ids=["ragged", "no-decay-scaled", "segments", "three-chunks"],
+)
+def test_two_warpgroup_walk_against_float64_and_the_triton_walk(T, decay, scale, segment_len, monkeypatch):
+    """K = V = 256 through the two-warpgroup walk (kernels/walk_ws.py) in all four passes, with an initial state and
+    a final-state gradient: against float64, and against the Triton walk (LIGHTNING_ATTENTION_GLUON=0) within the
+    rounding of the bf16 outputs."""
+    from lightning_attention.ops.lightning import chunk
+
+    if not chunk._walk_ws_device(torch.cuda.current_device()):
+        pytest.skip("the two-warpgroup walk needs an sm_90 GPU and a Triton with Gluon")
+    monkeypatch.setenv("LIGHTNING_ATTENTION_SEGMENT_LEN", str(segment_len))
+    B, H, K = 4, 16, 256  # 256 programs of two value tiles: more than half an H100's SMs, so the walk takes them
+    slope = la.tnl_slopes(H, 0, 2).cuda() if decay == "tnl" else None
+    inputs = _inputs(B, T, H, K, K, torch.bfloat16)
+    chunk._WALK_WS.cache.reset()
+    got = _fwd_bwd(*inputs, slope, scale=scale)
+    assert chunk._WALK_WS.cache.entries, "the two-warpgroup walk did not run"
+    _compare(got, _reference(*inputs, slope, scale=scale), torch.bfloat16)
+    monkeypatch.setenv("LIGHTNING_ATTENTION_GLUON", "0")
+    triton_walk = _fwd_bwd(*inputs, slope, scale=scale)
+    for name, a, b in zip(("o", "final_state", "dq", "dk", "dv", "dh0"), got, triton_walk):
+        diff = ((a.double() - b.double()).norm() / b.double().norm()).item()
+        assert diff < 5e-3, (name, diff)

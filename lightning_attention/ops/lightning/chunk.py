@@ -9,6 +9,9 @@ Every pass is one run of the chunk walk (:mod:`lightning_attention.ops.lightning
   from one fused reverse walk (:mod:`~lightning_attention.ops.lightning.kernels.dkdv_walk`, opt-in);
   ``dh0`` = λ·G_0. Derivation, FLOP and byte counts: ``ops/lightning/README.md``.
 
+At K = 256 (bf16, on an sm_90 GPU) the walks run as :mod:`~lightning_attention.ops.lightning.kernels.walk_ws`, the
+same walk with two consumer warpgroups per program (Gluon), wherever its grid fills the GPU (:func:`_use_walk_ws`).
+
 Nothing per chunk is ever written to memory. When (sequences × heads × V tiles) would not fill the GPU (long
 sequences, small batch), each sequence is cut into segments: a pre-pass computes every segment's local state from
 (k, v) in parallel, a short decayed scan turns them into incoming states, and the walk then runs all segments in
@@ -35,6 +38,8 @@ Environment:
     :mod:`~lightning_attention.ops.lightning.tma` allows them).
 ``LIGHTNING_ATTENTION_BF16_INTER``
     ``input`` (default) or ``tf32``: operand precision of the inter-chunk product (λq)·S for bf16 inputs.
+``LIGHTNING_ATTENTION_GLUON``
+    ``0``: the Triton walk at K = 256 too (default: the two-warpgroup walk where :func:`_use_walk_ws` allows it).
 ``LIGHTNING_ATTENTION_REPLAY``
     ``0``: every :func:`chunk_forward` / :func:`chunk_backward` call plans its launches again (default: later calls
     of a recorded shape repeat the first one's launches, :mod:`~lightning_attention.ops.lightning.replay`).
@@ -66,6 +71,7 @@ from lightning_attention.ops.lightning.kernels.configs import (
 )
 from lightning_attention.ops.lightning.kernels.dkdv_walk import lightning_dkdv_fixed_bt_kernel, lightning_dkdv_kernel
 from lightning_attention.ops.lightning.kernels.launch import DirectLauncher
+from lightning_attention.ops.lightning.kernels import walk_ws
 from lightning_attention.ops.lightning.kernels.walk import (
     lightning_inter_walk_kernel,
     lightning_scan_kernel,
@@ -78,6 +84,7 @@ ENV_SEGMENT_LEN = "LIGHTNING_ATTENTION_SEGMENT_LEN"
 ENV_DKDV = "LIGHTNING_ATTENTION_DKDV"
 ENV_PREPASS_LEN = "LIGHTNING_ATTENTION_PREPASS_LEN"
 ENV_BF16_INTER = "LIGHTNING_ATTENTION_BF16_INTER"
+ENV_GLUON = "LIGHTNING_ATTENTION_GLUON"
 MAX_HEAD_DIM = 256
 # the backward="auto" rule: the chunk backward wants >= 128 KB of shared memory per block (DESIGN §2)
 CHUNK_BACKWARD_MIN_SHARED = 128 * 1024
@@ -151,8 +158,9 @@ PREPASS_PROGRAMS_PER_SM = 2
 SEGMENTED_COST = 1.5
 
 
-def _segment_len(x: torch.Tensor, lengths_total: int, num_seqs: int, H: int, DV: int) -> int:
-    """Tokens per segment (0: do not segment). Forced by ``LIGHTNING_ATTENTION_SEGMENT_LEN``, else from the GPU."""
+def _segment_len(x: torch.Tensor, lengths_total: int, num_seqs: int, H: int, DV: int, fixed_length: bool) -> int:
+    """Tokens per segment (0: do not segment). Forced by ``LIGHTNING_ATTENTION_SEGMENT_LEN``, else from the GPU.
+    ``fixed_length``: a [B, T] batch (the two-warpgroup walk's case), else packed sequences."""
     forced = os.environ.get(ENV_SEGMENT_LEN, "").strip()
     if forced:
         n = int(forced)
@@ -166,9 +174,14 @@ def _segment_len(x: torch.Tensor, lengths_total: int, num_seqs: int, H: int, DV:
     lengths_total, num_seqs, H, DV = int(lengths_total), int(num_seqs), int(H), int(DV)
     index, DK = _device_index(x), int(x.shape[-1])
     state_bytes = dkdv_state_bytes(_precisions(x.dtype)[1])
-    # programs at the first configuration's value tile: at K = 256 (bf16) 32 wide, twice the 64-wide count, so a
-    # batch-1 grid of 16 heads already fills 128 SMs (counted 64-wide, it was cut into segments that ran in 2 rounds)
-    slots, BV = _walk_occupancy(index, DK, DV, x.element_size(), state_bytes)
+    if fixed_length and _walk_ws_shape(x, DK, DV):
+        # the two-warpgroup walk: one program per SM, two 32-wide value tiles each (a batch-1 grid of 16 heads is
+        # 64 programs: cut in two, not run on half the SMs)
+        slots, BV = _sm_count(index), 2 * walk_ws.WS_BV
+    else:
+        # programs at the first configuration's value tile: at K = 256 (bf16) 32 wide, twice the 64-wide count, so
+        # a batch-1 grid of 16 heads fills 128 SMs (counted 64-wide, it was cut into segments that ran in 2 rounds)
+        slots, BV = _walk_occupancy(index, DK, DV, x.element_size(), state_bytes)
     programs = num_seqs * H * cdiv(DV, BV)
     if fills_every_sm_once(DK, DV, programs, _sm_count(index)):
         return 0
@@ -213,13 +226,13 @@ def plan_segments(q, v, cu_seqlens, cu_seqlens_cpu, align: int = 0) -> SegmentPl
     B, T, H, _ = q.shape
     DV = v.shape[-1]
     if cu_seqlens is None:
-        seg = _aligned(_segment_len(q, B * T, B, H, DV), align)
+        seg = _aligned(_segment_len(q, B * T, B, H, DV, fixed_length=True), align)
         if seg == 0 or T <= seg:
             return SegmentPlan(varlen=0, segmented=False, total=B, per_seq=1, seg_len=max(T, 1))
         per_seq = cdiv(T, seg)
         return SegmentPlan(varlen=0, segmented=True, total=B * per_seq, per_seq=per_seq, seg_len=seg)
     N = cu_seqlens.numel() - 1
-    seg = _aligned(_segment_len(q, T, N, H, DV), align) if cu_seqlens_cpu is not None else 0
+    seg = _aligned(_segment_len(q, T, N, H, DV, fixed_length=False), align) if cu_seqlens_cpu is not None else 0
     offsets = [int(x) for x in cu_seqlens_cpu.tolist()] if seg else []
     if seg == 0 or all(b - a <= seg for a, b in zip(offsets[:-1], offsets[1:])):
         return SegmentPlan(varlen=1, segmented=False, total=N, cu_seqlens=cu_seqlens)
@@ -267,6 +280,7 @@ _INTER_WALK = DirectLauncher(lightning_inter_walk_kernel, "lightning_attn inter-
 _SCAN = DirectLauncher(lightning_scan_kernel, "lightning_attn segment scan")
 _DKDV = DirectLauncher(lightning_dkdv_kernel, "lightning_attn dk/dv walk")
 _DKDV_FIXED_BT = DirectLauncher(lightning_dkdv_fixed_bt_kernel, "lightning_attn inter-only dk/dv walk")
+_WALK_WS = DirectLauncher(walk_ws.lightning_walk_ws_kernel, "lightning_attn walk (two warpgroups)")
 
 
 @functools.lru_cache(maxsize=256)
@@ -325,11 +339,76 @@ def _walk(
         DOT_PREC=dot_prec,
         INTER_PREC=inter_prec,
     )  # fmt: skip
+    if _use_walk_ws(q, DK, DV, plan, state_only, inter_chunk, use_tma):
+        _walk_ws(
+            q, k, v, o, slope=slope, h0=h0, ht=ht, states=states, plan=plan, T=T, H=H, scale_intra=scale_intra,
+            scale_inter=scale_inter, scale_upd=scale_upd, reverse=reverse,
+        )  # fmt: skip
+        return
     launcher = _STATE if state_only else _WALK
     if inter_chunk and not state_only:  # the pre-pass's state does not depend on the chunking
         launcher = _INTER_WALK
         constexprs.update(_inter_only_config(inter_only_tile(inter_chunk), DK, DV))
     replay.launch(launcher, grid, args, constexprs, q)
+
+
+@functools.lru_cache(maxsize=None)
+def _walk_ws_device(index: int) -> bool:
+    """Whether this GPU runs the two-warpgroup walk: Hopper's warpgroup MMA (sm_90; Blackwell has none) and a Triton
+    with Gluon."""
+    return walk_ws.lightning_walk_ws_kernel is not None and torch.cuda.get_device_capability(index) == (9, 0)
+
+
+def _walk_ws_shape(x: torch.Tensor, DK: int, DV: int) -> bool:
+    """Whether walks of these inputs may run the two-warpgroup kernel (``kernels/walk_ws.py``): bf16 with the bf16 inter
+    product, K = 256, V a multiple of 64, on an sm_90 GPU with descriptors on, unless ``LIGHTNING_ATTENTION_GLUON=0``."""
+    return (
+        x.is_cuda and x.dtype == torch.bfloat16 and DK == walk_ws.WS_DK and DV % (2 * walk_ws.WS_BV) == 0
+        and _precisions(x.dtype)[1] == "input" and os.environ.get(ENV_GLUON, "1").strip() != "0"
+        and _walk_ws_device(_device_index(x)) and tma_enabled(x.device)
+    )  # fmt: skip
+
+
+def _use_walk_ws(q, DK: int, DV: int, plan: SegmentPlan, state_only: bool, inter_chunk: int, use_tma: bool) -> bool:
+    """Whether a walk launch runs the two-warpgroup kernel instead of the Triton walk: :func:`_walk_ws_shape`, a
+    fixed-length batch, tensors the descriptors take, not the pre-pass or the inter-only mode, and a grid that would
+    take the Triton walk more than one round (it has half the Triton walk's programs, each running both halves'
+    chains: with fewer than half the SMs' worth, one Triton round at one chain per SM is shorter; the plan cuts such
+    grids into segments where that pays, :func:`_segment_len`)."""
+    if state_only or inter_chunk or not use_tma or plan.varlen != 0 or not _walk_ws_shape(q, DK, DV):
+        return False
+    programs = DV // (2 * walk_ws.WS_BV) * q.shape[2] * plan.total
+    return 2 * programs > _sm_count(_device_index(q))
+
+
+def _walk_ws(
+    q, k, v, o, *, slope, h0, ht, states, plan, T, H, scale_intra, scale_inter, scale_upd, reverse,
+):  # fmt: skip
+    """One launch of the two-warpgroup walk, with :func:`_walk`'s arguments (the cases :func:`_use_walk_ws` allows)."""
+    DK, DV = q.shape[-1], v.shape[-1]
+    dummy = q
+    grid = (DV // (2 * walk_ws.WS_BV) * H * plan.total,)
+    args = (
+        q, k, v, o,
+        dummy if slope is None else slope,
+        dummy if h0 is None else h0,
+        dummy if ht is None else ht,
+        dummy if states is None else states,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
+        *_state_strides(h0), *_state_strides(ht), *_state_strides(states),
+        float(scale_intra), float(scale_inter), float(scale_upd),
+        T, H, plan.per_seq, plan.seg_len,
+    )  # fmt: skip
+    constexprs = dict(
+        DK=DK, DV=DV, BT=walk_ws.WS_BT, BV=walk_ws.WS_BV, STAGES=walk_ws.WS_STAGES,
+        REVERSE=reverse,
+        HAS_DECAY=slope is not None,
+        USE_H0=h0 is not None and not plan.segmented,
+        STORE_HT=ht is not None and not plan.segmented,
+        SEG_IN=plan.segmented,
+        num_warps=walk_ws.WS_WARPS,
+    )  # fmt: skip
+    replay.launch(_WALK_WS, grid, args, constexprs, q)
 
 
 def _waves(x: torch.Tensor, programs: int) -> int:
@@ -530,7 +609,7 @@ def _segmented_states(k, v, *, slope, h0, ht, plan, N, H, T, scale_upd, reverse)
 
 # every environment variable the launch path below reads per call (the plan, the pre-pass pieces, pinned and fused
 # configurations, descriptors, the bf16 inter product): part of a replay's key
-LAUNCH_ENVIRONMENT = (ENV_SEGMENT_LEN, ENV_PREPASS_LEN, ENV_CONFIG, ENV_DKDV, ENV_TMA, ENV_BF16_INTER)
+LAUNCH_ENVIRONMENT = (ENV_SEGMENT_LEN, ENV_PREPASS_LEN, ENV_CONFIG, ENV_DKDV, ENV_TMA, ENV_BF16_INTER, ENV_GLUON)
 
 
 # replayed (replay.py) but for T = 0 (outputs copied or zero-filled, no launches) and host offsets (cu_seqlens_cpu: the

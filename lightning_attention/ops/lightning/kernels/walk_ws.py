@@ -1,0 +1,249 @@
+"""The chunk walk with two consumer warpgroups per program (Gluon, sm_90): the K = 256 form of ``kernels/walk.py``.
+
+The Triton walk at K = V = 256 fits one 4-warp block per SM (its q and k tiles take 225 KB with three stages), and
+that warpgroup waits on each of its own products in turn: the SM runs one dependency chain, its tensor pipe 36% busy
+(``benchmarks/NOTES-kernels.md``, session 9). Here one program owns two neighbouring 32-wide value tiles of one
+(segment, head), and the SM runs two chains:
+
+- a one-warp producer streams each chunk's q and k tiles (shared by both consumers) and the two v tiles through a ring
+  of ``STAGES`` shared buffers (TMA, one mbarrier per stage for "full" and one for "released by both");
+- each consumer warpgroup walks its own [K, 32] fp32 state in registers with the Triton walk's arithmetic (same
+  roles, directions and exponent rules: see ``kernels/walk.py``), issuing q·kᵀ together with q·S and the intra
+  product together with the state update, so its products overlap each other and the other consumer's.
+
+Only the shapes the dispatcher gives it (``ops/lightning/chunk.py``): bf16, K = 256 (the state's rows), V a multiple
+of 64, fixed-length batches, whole sequences or host-planned segments (``SEG_IN``), tensor descriptors; the pre-pass,
+the scan, the inter-only mode and every other shape stay with the Triton walk. Values match the Triton walk's up to
+the order of the fp32 sums (the same roundings: scores and λ-weighted values to bf16 as mma operands, S to bf16 for
+q·S); the state-update scale is folded into the λ-weighted value tile before its rounding.
+
+Gluon has no interpreter: on a machine without an sm_90 GPU the kernel is only compiled (tests/ops/test_aot.py).
+"""
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+except ImportError:  # a Triton without Gluon (< 3.5): the Triton walk everywhere
+    gluon = None
+
+# the one configuration: 64-token chunks, 32-wide value tiles per consumer, two stages (197 KB of shared memory at
+# K = 256), 4 warps per consumer and one producer warp
+WS_BT = 64
+WS_BV = 32
+WS_STAGES = 2
+WS_WARPS = 4
+WS_DK = 256  # the key dim it is built and measured for
+
+if gluon is not None:
+    RCP_LN2 = gl.constexpr(1.4426950408889634)  # log2(e): exp(-s·x) == exp2(-s·log2(e)·x)
+
+    @gluon.jit
+    def _chunk_start(i, n_chunks, bos, BT: gl.constexpr, REVERSE: gl.constexpr):
+        """First token of the walk's i-th chunk (reverse walks go from the segment's last chunk to its first)."""
+        if REVERSE:
+            return bos + (n_chunks - 1 - i) * BT
+        else:
+            return bos + i * BT
+
+    @gluon.jit
+    def _producer(q_desc, k_desc, v_desc, q_s, k_s, v_s, ready, empty, n_chunks, bos, i_vp,
+                  BT: gl.constexpr, BV: gl.constexpr, STAGES: gl.constexpr, REVERSE: gl.constexpr):  # fmt: skip
+        """Fills stage i % STAGES with chunk i's q, k and two v tiles once both consumers have released it."""
+        nbytes: gl.constexpr = q_desc.block_type.nbytes + k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes
+        for i in range(n_chunks):
+            s = i % STAGES
+            # a fresh barrier counts as released for the phase before its first (parity 1): the first round passes
+            mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(s), nbytes)
+            lo = _chunk_start(i, n_chunks, bos, BT, REVERSE)
+            tma.async_copy_global_to_shared(q_desc, [lo, 0], ready.index(s), q_s.index(s))
+            tma.async_copy_global_to_shared(k_desc, [lo, 0], ready.index(s), k_s.index(s))
+            tma.async_copy_global_to_shared(v_desc, [lo, 2 * i_vp * BV], ready.index(s), v_s.index(2 * s))
+            tma.async_copy_global_to_shared(v_desc, [lo, (2 * i_vp + 1) * BV], ready.index(s), v_s.index(2 * s + 1))
+
+    @gluon.jit
+    def _consumer(CID: gl.constexpr, o_desc, q_s, k_s, v_s, ready, empty, s_s, vd_s, o_s, s_in, ht,
+                  sin_k, sin_v, sht_k, sht_v, n_chunks, bos, eos, last, c, scale_intra, scale_inter, scale_upd, i_vp,
+                  DK: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, STAGES: gl.constexpr,
+                  REVERSE: gl.constexpr, HAS_IN: gl.constexpr, STORE_HT: gl.constexpr):  # fmt: skip
+        """Walks value tile 2·i_vp + CID from the incoming state at ``s_in`` (zeros without HAS_IN), storing each
+        chunk's o and, with STORE_HT, the final state at ``ht`` (pointers to this program's [DK, BV] block)."""
+        mma_a: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
+        mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BV, 16])
+        a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
+        v_blk: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
+        col0 = (2 * i_vp + CID) * BV
+
+        # scale_intra · λ^(p_i - p_j) where p_i >= p_j, p = the walk position up to a shift common to the chunk
+        # (forward: the token's index in the chunk, reverse: its negation), built once
+        ti = gl.arange(0, BT, layout=gl.SliceLayout(1, mma_a))
+        tj = gl.arange(0, BT, layout=gl.SliceLayout(0, mma_a))
+        if REVERSE:
+            dist = tj[None, :] - ti[:, None]
+        else:
+            dist = ti[:, None] - tj[None, :]
+        decay = gl.where(dist >= 0, gl.exp2(-c * gl.maximum(dist, 0).to(gl.float32)) * scale_intra, 0.0)
+        to = gl.arange(0, BT, layout=gl.SliceLayout(1, mma_o))
+        tv = gl.arange(0, BT, layout=gl.SliceLayout(1, v_blk))
+        rk = gl.arange(0, DK, layout=gl.SliceLayout(1, mma_o))
+        cv = gl.arange(0, BV, layout=gl.SliceLayout(0, mma_o))
+
+        if HAS_IN:
+            S = gl.load(s_in + rk[:, None].to(gl.int64) * sin_k + (col0 + cv)[None, :].to(gl.int64) * sin_v)
+        else:
+            S = gl.zeros([DK, BV], gl.float32, mma_o)
+        # exponent offset of the incoming state (kernels/walk.py): 1, except a reverse walk that starts from dht
+        if REVERSE:
+            d0 = gl.where(last, 0, 1)
+        else:
+            d0 = eos * 0 + 1
+        s_s.store(S.to(gl.bfloat16))
+        fence_async_shared()
+        for i in range(n_chunks):
+            s = i % STAGES
+            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+            lo = _chunk_start(i, n_chunks, bos, BT, REVERSE)
+            L = gl.minimum(lo + BT, eos) - lo
+            q = q_s.index(s)
+            kt = k_s.index(s).permute((1, 0))  # [DK, BT]
+            v = v_s.index(2 * s + CID)
+            # q kᵀ and q S issued together; the scores are waited for first
+            a_acc = warpgroup_mma(q, kt, gl.zeros([BT, BT], gl.float32, mma_a), use_acc=False, is_async=True)
+            o_acc = warpgroup_mma(q, s_s, gl.zeros([BT, BV], gl.float32, mma_o), use_acc=False, is_async=True)
+            a_acc = warpgroup_mma_wait(num_outstanding=1, deps=(a_acc,))
+            a = gl.convert_layout((a_acc * decay).to(gl.bfloat16), a_op)
+            o_acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_acc,))
+            # inter: λ^(r + d0) on the rows of q·S, r = the walk position from the chunk's first token in walk order
+            if REVERSE:
+                r = L - 1 - to
+            else:
+                r = to
+            inter = gl.where(to < L, gl.exp2(-c * (gl.maximum(r, 0) + d0).to(gl.float32)), 0.0) * scale_inter
+            o_acc = warpgroup_mma(a, v, o_acc * inter[:, None], is_async=True)
+            # state update: S = λ^(L-1+d0) S + scale_upd · kᵀ (λ^(L-1-r) v), the factors on the v tile's rows
+            if REVERSE:
+                rv = L - 1 - tv
+            else:
+                rv = tv
+            k_dec = gl.where(tv < L, gl.exp2(-c * gl.maximum(L - 1 - rv, 0).to(gl.float32)), 0.0) * scale_upd
+            vd_s.store((v.load(v_blk).to(gl.float32) * k_dec[:, None]).to(gl.bfloat16))
+            fence_async_shared()
+            S = warpgroup_mma(kt, vd_s, S * gl.exp2(-c * (L - 1 + d0).to(gl.float32)), is_async=True)
+            o_acc, S = warpgroup_mma_wait(num_outstanding=0, deps=(o_acc, S))
+            mbarrier.arrive(empty.index(s), count=1)  # this consumer is done with the stage's tiles
+            tma.store_wait(pendings=0)  # the previous chunk's o has left o_s
+            o_s.store(o_acc.to(gl.bfloat16))
+            s_s.store(S.to(gl.bfloat16))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(o_desc, [lo, col0], o_s)
+            d0 = d0 * 0 + 1
+        tma.store_wait(pendings=0)
+        if STORE_HT:
+            if REVERSE:
+                S = S * gl.exp2(-c * d0.to(gl.float32))  # dh0 = λ G_0 (= dht when the sequence is empty)
+            gl.store(ht + rk[:, None].to(gl.int64) * sht_k + (col0 + cv)[None, :].to(gl.int64) * sht_v, S)
+
+    @gluon.jit(do_not_specialize=["T", "NS", "SEG"])
+    def lightning_walk_ws_kernel(
+        q, k, v, o,  # [B, T, H, DK] / [B, T, H, DV] bf16, last dim contiguous, TMA-aligned (ops/lightning/tma.py)
+        slope,  # [H] float32 (unused without HAS_DECAY)
+        h0,  # [N, H, DK, DV] incoming state through strides (may be a transposed view)
+        ht,  # [N, H, DK, DV] final state (forward) or dh0 (reverse)
+        states,  # [NSEG, H, DK, DV] incoming state of each segment (SEG_IN)
+        sq_b, sq_t, sq_h,
+        sk_b, sk_t, sk_h,
+        sv_b, sv_t, sv_h,
+        so_b, so_t, so_h,
+        sh0_n, sh0_h, sh0_k, sh0_v,
+        sht_n, sht_h, sht_k, sht_v,
+        sst_n, sst_h, sst_k, sst_v,
+        scale_intra, scale_inter, scale_upd,
+        T, H, NS, SEG,
+        DK: gl.constexpr, DV: gl.constexpr,
+        BT: gl.constexpr, BV: gl.constexpr, STAGES: gl.constexpr,
+        REVERSE: gl.constexpr,
+        HAS_DECAY: gl.constexpr,
+        USE_H0: gl.constexpr,
+        STORE_HT: gl.constexpr,
+        SEG_IN: gl.constexpr,
+    ):  # fmt: skip
+        """One program per (pair of value tiles, head, segment), pairs fastest; a fixed-length batch cut into NS
+        segments of SEG tokens per sequence (NS = 1: whole sequences). Launched with num_warps = 4 (the first
+        consumer); the second consumer and the producer are the warp-specialised workers."""
+        NVP: gl.constexpr = DV // (2 * BV)
+        pid = gl.program_id(0)
+        i_vp = pid % NVP
+        i_h = (pid // NVP) % H
+        i_s = pid // (NVP * H)
+        i_n = i_s // NS
+        j = i_s % NS
+        bos = j * SEG
+        eos = gl.minimum(bos + SEG, T)
+        last = j == NS - 1
+        if HAS_DECAY:
+            c = gl.load(slope + i_h) * RCP_LN2
+        else:
+            c = gl.to_tensor(0.0)
+        n64 = i_n.to(gl.int64)
+        h64 = i_h.to(gl.int64)
+
+        # one descriptor per tensor over the rows [0, eos) of this (batch row, head): rows past eos read as zeros
+        # and are not written
+        qk_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, DK], gl.bfloat16)
+        v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], gl.bfloat16)
+        s_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([DK, BV], gl.bfloat16)
+        q_desc = tma.make_tensor_descriptor(q + n64 * sq_b + h64 * sq_h, shape=[eos, DK], strides=[sq_t, 1],
+                                            block_shape=[BT, DK], layout=qk_layout)  # fmt: skip
+        k_desc = tma.make_tensor_descriptor(k + n64 * sk_b + h64 * sk_h, shape=[eos, DK], strides=[sk_t, 1],
+                                            block_shape=[BT, DK], layout=qk_layout)  # fmt: skip
+        v_desc = tma.make_tensor_descriptor(v + n64 * sv_b + h64 * sv_h, shape=[eos, DV], strides=[sv_t, 1],
+                                            block_shape=[BT, BV], layout=v_layout)  # fmt: skip
+        o_desc = tma.make_tensor_descriptor(o + n64 * so_b + h64 * so_h, shape=[eos, DV], strides=[so_t, 1],
+                                            block_shape=[BT, BV], layout=v_layout)  # fmt: skip
+        if SEG_IN:
+            s_in = states + i_s.to(gl.int64) * sst_n + h64 * sst_h
+            sin_k, sin_v = sst_k, sst_v
+        else:
+            s_in = h0 + n64 * sh0_n + h64 * sh0_h
+            sin_k, sin_v = sh0_k, sh0_v
+        s_out = ht + n64 * sht_n + h64 * sht_h
+
+        q_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, DK], qk_layout)
+        k_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, DK], qk_layout)
+        v_s = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, BT, BV], v_layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=2)  # released by both consumers
+        s_s0 = gl.allocate_shared_memory(gl.bfloat16, [DK, BV], s_layout)
+        s_s1 = gl.allocate_shared_memory(gl.bfloat16, [DK, BV], s_layout)
+        vd_s0 = gl.allocate_shared_memory(gl.bfloat16, [BT, BV], v_layout)
+        vd_s1 = gl.allocate_shared_memory(gl.bfloat16, [BT, BV], v_layout)
+        o_s0 = gl.allocate_shared_memory(gl.bfloat16, [BT, BV], v_layout)
+        o_s1 = gl.allocate_shared_memory(gl.bfloat16, [BT, BV], v_layout)
+        n_chunks = gl.cdiv(eos - bos, BT)
+        HAS_IN: gl.constexpr = SEG_IN or USE_H0
+        gl.warp_specialize(
+            [
+                (_consumer, (0, o_desc, q_s, k_s, v_s, ready, empty, s_s0, vd_s0, o_s0, s_in, s_out, sin_k, sin_v,
+                             sht_k, sht_v, n_chunks, bos, eos, last, c, scale_intra, scale_inter, scale_upd, i_vp,
+                             DK, BT, BV, STAGES, REVERSE, HAS_IN, STORE_HT)),  # fmt: skip
+                (_consumer, (1, o_desc, q_s, k_s, v_s, ready, empty, s_s1, vd_s1, o_s1, s_in, s_out, sin_k, sin_v,
+                             sht_k, sht_v, n_chunks, bos, eos, last, c, scale_intra, scale_inter, scale_upd, i_vp,
+                             DK, BT, BV, STAGES, REVERSE, HAS_IN, STORE_HT)),  # fmt: skip
+                (_producer, (q_desc, k_desc, v_desc, q_s, k_s, v_s, ready, empty, n_chunks, bos, i_vp, BT, BV, STAGES,
+                             REVERSE)),  # fmt: skip
+            ],
+            worker_num_warps=[4, 1],
+            worker_num_regs=[232, 40],
+        )
+else:
+    lightning_walk_ws_kernel = None
