@@ -186,11 +186,33 @@ def build_walk_ws(cc: int, DV: int, flags: dict) -> dict:
     }  # fmt: skip
 
 
+def build_state_ws(cc: int, DV: int, flags: dict) -> dict:
+    """The two-warpgroup pre-pass (``kernels/walk_ws.py``) as ``chunk._state_ws`` launches it, with ``flags``."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from lightning_attention.ops.lightning.kernels import walk_ws
+
+    fn = walk_ws.lightning_state_ws_kernel
+    constexprs = dict(
+        DK=walk_ws.WS_DK, DV=DV, BT=walk_ws.WS_BT, BV=walk_ws.WS_BV, STAGES=walk_ws.WS_STATE_STAGES, REVERSE=False,
+        HAS_DECAY=True, SKIP_FINAL=False,
+    )  # fmt: skip
+    constexprs.update(flags)
+    sig = signature(fn, "bf16")
+    src = GluonASTSource(fn, sig, constexprs, specialisations(fn, sig))
+    kernel = triton.compile(src, target=GPUTarget("cuda", cc, 32), options={"num_warps": walk_ws.WS_WARPS})
+    return {
+        "kernel": "state_ws", "cc": cc, "dtype": "bf16", "DK": walk_ws.WS_DK, "DV": DV, "flags": flags,
+        "num_warps": kernel.metadata.num_warps, "shared": kernel.metadata.shared, "limit": SHARED_LIMITS[cc],
+    }  # fmt: skip
+
+
 def run_job(job: dict) -> list[dict]:
     if job.get("kernel") == "scan":
         return [build_scan(job["cc"], varlen) for varlen in (0, 2)]
-    if job.get("kernel") == "walk_ws":
-        return [build_walk_ws(job["cc"], job["DV"], job.get("flags", {}))]
+    if job.get("kernel") in ("walk_ws", "state_ws"):
+        build_one = build_walk_ws if job["kernel"] == "walk_ws" else build_state_ws
+        return [build_one(job["cc"], job["DV"], job.get("flags", {}))]
     which = job.get("which", "all")
     flags = job.get("flags", {})
     if job.get("kernel") == "dkdv":

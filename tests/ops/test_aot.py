@@ -38,6 +38,8 @@ WALK_WS_BUILDS = [
     (256, {"HAS_DECAY": False}),
     (64, {}),
 ]
+# its pre-pass: forward, and reverse with the walk's first segment skipped
+STATE_WS_BUILDS = [(256, {}), (256, {"REVERSE": True, "SKIP_FINAL": True})]
 
 
 def build(jobs: list[dict], timeout: int = 600) -> list[dict]:
@@ -82,15 +84,16 @@ def ci_builds():
     jobs += [{"cc": cc, "dtype": "bf16", "DK": dk, "DV": dv, "flags": INTER_ONLY_256}
              for cc in (80, 90) for dk, dv in ((128, 128), (16, 128))]  # fmt: skip
     jobs += [{"kernel": "walk_ws", "cc": 90, "DV": dv, "flags": flags} for dv, flags in WALK_WS_BUILDS]
+    jobs += [{"kernel": "state_ws", "cc": 90, "DV": dv, "flags": flags} for dv, flags in STATE_WS_BUILDS]
     return build(jobs)
 
 
 def test_two_warpgroup_walk_compiles_for_sm90(ci_builds):
-    """Gluon has no interpreter: on CPU the two-warpgroup walk is only built, in every variant the dispatcher
-    launches, within the H100's shared memory, with its two consumer warpgroups and the producer warp (12 warps)."""
+    """Gluon has no interpreter: on CPU the two-warpgroup walk and pre-pass are only built, in the variants the
+    dispatcher launches, within the H100's shared memory, with two consumer warpgroups and the producer warp (12)."""
     pytest.importorskip("triton.experimental.gluon")
-    builds = [r for r in ci_builds if r["kernel"] == "walk_ws"]
-    assert len(builds) == len(WALK_WS_BUILDS)
+    builds = [r for r in ci_builds if r["kernel"] in ("walk_ws", "state_ws")]
+    assert len(builds) == len(WALK_WS_BUILDS) + len(STATE_WS_BUILDS)
     check(builds)
     assert all(r["num_warps"] == 12 for r in builds), builds
 

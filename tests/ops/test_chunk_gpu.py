@@ -175,25 +175,35 @@ def test_every_chunk_launch_stays_on_the_direct_path(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "T, decay, scale, segment_len",
-    [(1000, "tnl", 1.0, 0), (777, "none", 0.0625, 0), (1024, "tnl", 1.0, 256), (130, "tnl", 1.0, 0)],
-    ids=["ragged", "no-decay-scaled", "segments", "three-chunks"],
+    "T, decay, scale, segment_len, piece_len",
+    [
+        (1000, "tnl", 1.0, 0, 0),
+        (777, "none", 0.0625, 0, 0),
+        (1024, "tnl", 1.0, 256, 0),
+        (2000, "tnl", 0.5, 1024, 256),
+        (130, "tnl", 1.0, 0, 0),
+    ],
+    ids=["ragged", "no-decay-scaled", "segments", "segments-in-pieces-ragged", "three-chunks"],
 )
-def test_two_warpgroup_walk_against_float64_and_the_triton_walk(T, decay, scale, segment_len, monkeypatch):
-    """K = V = 256 through the two-warpgroup walk (kernels/walk_ws.py) in all four passes, with an initial state and
-    a final-state gradient: against float64, and against the Triton walk (LIGHTNING_ATTENTION_GLUON=0) within the
-    rounding of the bf16 outputs."""
+def test_two_warpgroup_walk_against_float64_and_the_triton_walk(T, decay, scale, segment_len, piece_len, monkeypatch):
+    """K = V = 256 through the two-warpgroup walk and pre-pass (kernels/walk_ws.py) in all four passes, with an
+    initial state and a final-state gradient, whole and in segments (the pre-pass on the segments or on pieces of
+    them): against float64, and against the Triton walk (LIGHTNING_ATTENTION_GLUON=0) within the rounding of the bf16
+    outputs."""
     from lightning_attention.ops.lightning import chunk
 
     if not chunk._walk_ws_device(torch.cuda.current_device()):
         pytest.skip("the two-warpgroup walk needs an sm_90 GPU and a Triton with Gluon")
     monkeypatch.setenv("LIGHTNING_ATTENTION_SEGMENT_LEN", str(segment_len))
+    monkeypatch.setenv("LIGHTNING_ATTENTION_PREPASS_LEN", str(piece_len))
     B, H, K = 4, 16, 256  # 256 programs of two value tiles: more than half an H100's SMs, so the walk takes them
     slope = la.tnl_slopes(H, 0, 2).cuda() if decay == "tnl" else None
     inputs = _inputs(B, T, H, K, K, torch.bfloat16)
     chunk._WALK_WS.cache.reset()
+    chunk._STATE_WS.cache.reset()
     got = _fwd_bwd(*inputs, slope, scale=scale)
     assert chunk._WALK_WS.cache.entries, "the two-warpgroup walk did not run"
+    assert bool(chunk._STATE_WS.cache.entries) == bool(segment_len), "the two-warpgroup pre-pass ran or did not"
     _compare(got, _reference(*inputs, slope, scale=scale), torch.bfloat16)
     monkeypatch.setenv("LIGHTNING_ATTENTION_GLUON", "0")
     triton_walk = _fwd_bwd(*inputs, slope, scale=scale)

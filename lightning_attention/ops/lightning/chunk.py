@@ -281,6 +281,7 @@ _SCAN = DirectLauncher(lightning_scan_kernel, "lightning_attn segment scan")
 _DKDV = DirectLauncher(lightning_dkdv_kernel, "lightning_attn dk/dv walk")
 _DKDV_FIXED_BT = DirectLauncher(lightning_dkdv_fixed_bt_kernel, "lightning_attn inter-only dk/dv walk")
 _WALK_WS = DirectLauncher(walk_ws.lightning_walk_ws_kernel, "lightning_attn walk (two warpgroups)")
+_STATE_WS = DirectLauncher(walk_ws.lightning_state_ws_kernel, "lightning_attn segment pre-pass (two warpgroups)")
 
 
 @functools.lru_cache(maxsize=256)
@@ -339,11 +340,15 @@ def _walk(
         DOT_PREC=dot_prec,
         INTER_PREC=inter_prec,
     )  # fmt: skip
-    if _use_walk_ws(q, DK, DV, plan, state_only, inter_chunk, use_tma):
-        _walk_ws(
-            q, k, v, o, slope=slope, h0=h0, ht=ht, states=states, plan=plan, T=T, H=H, scale_intra=scale_intra,
-            scale_inter=scale_inter, scale_upd=scale_upd, reverse=reverse,
-        )  # fmt: skip
+    if _use_walk_ws(q, DK, DV, plan, inter_chunk, use_tma):
+        if state_only:
+            _state_ws(k, v, states, slope=slope, plan=plan, T=T, H=H, scale_upd=scale_upd, reverse=reverse,
+                      skip_final=skip_final)  # fmt: skip
+        else:
+            _walk_ws(
+                q, k, v, o, slope=slope, h0=h0, ht=ht, states=states, plan=plan, T=T, H=H, scale_intra=scale_intra,
+                scale_inter=scale_inter, scale_upd=scale_upd, reverse=reverse,
+            )  # fmt: skip
         return
     launcher = _STATE if state_only else _WALK
     if inter_chunk and not state_only:  # the pre-pass's state does not depend on the chunking
@@ -369,13 +374,13 @@ def _walk_ws_shape(x: torch.Tensor, DK: int, DV: int) -> bool:
     )  # fmt: skip
 
 
-def _use_walk_ws(q, DK: int, DV: int, plan: SegmentPlan, state_only: bool, inter_chunk: int, use_tma: bool) -> bool:
-    """Whether a walk launch runs the two-warpgroup kernel instead of the Triton walk: :func:`_walk_ws_shape`, a
-    fixed-length batch, tensors the descriptors take, not the pre-pass or the inter-only mode, and a grid that would
-    take the Triton walk more than one round (it has half the Triton walk's programs, each running both halves'
-    chains: with fewer than half the SMs' worth, one Triton round at one chain per SM is shorter; the plan cuts such
-    grids into segments where that pays, :func:`_segment_len`)."""
-    if state_only or inter_chunk or not use_tma or plan.varlen != 0 or not _walk_ws_shape(q, DK, DV):
+def _use_walk_ws(q, DK: int, DV: int, plan: SegmentPlan, inter_chunk: int, use_tma: bool) -> bool:
+    """Whether a walk launch (the walk or its pre-pass) runs the two-warpgroup kernel instead of the Triton walk:
+    :func:`_walk_ws_shape`, a fixed-length batch, tensors the descriptors take, not the inter-only mode, and a grid
+    that would take the Triton walk more than one round (it has half the Triton walk's programs, each running both
+    halves' chains: with fewer than half the SMs' worth, one Triton round at one chain per SM is shorter; the plan
+    cuts such grids into segments where that pays, :func:`_segment_len`)."""
+    if inter_chunk or not use_tma or plan.varlen != 0 or not _walk_ws_shape(q, DK, DV):
         return False
     programs = DV // (2 * walk_ws.WS_BV) * q.shape[2] * plan.total
     return 2 * programs > _sm_count(_device_index(q))
@@ -409,6 +414,22 @@ def _walk_ws(
         num_warps=walk_ws.WS_WARPS,
     )  # fmt: skip
     replay.launch(_WALK_WS, grid, args, constexprs, q)
+
+
+def _state_ws(k, v, states, *, slope, plan, T, H, scale_upd, reverse, skip_final):
+    """One launch of the two-warpgroup pre-pass: the local state of every segment of ``plan`` into ``states``."""
+    DK, DV = k.shape[-1], v.shape[-1]
+    grid = (DV // (2 * walk_ws.WS_BV) * H * plan.total,)
+    args = (
+        k, v, k if slope is None else slope, states,
+        *k.stride()[:3], *v.stride()[:3], *_state_strides(states),
+        float(scale_upd), T, H, plan.per_seq, plan.seg_len,
+    )  # fmt: skip
+    constexprs = dict(
+        DK=DK, DV=DV, BT=walk_ws.WS_BT, BV=walk_ws.WS_BV, STAGES=walk_ws.WS_STATE_STAGES, REVERSE=reverse,
+        HAS_DECAY=slope is not None, SKIP_FINAL=skip_final, num_warps=walk_ws.WS_WARPS,
+    )  # fmt: skip
+    replay.launch(_STATE_WS, grid, args, constexprs, k)
 
 
 def _waves(x: torch.Tensor, programs: int) -> int:

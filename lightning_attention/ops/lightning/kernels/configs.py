@@ -105,8 +105,12 @@ NARROW_TILE_MIN_WARPS = 8
 TMA_NARROW_TILES = {256: ((64, 32, 4, 3),)}
 
 # the segment pre-pass (STATE_ONLY: no q, no o; a decayed Kᵀ V reduction over the segment): bandwidth-bound on
-# (k, v), so the whole value dim in one tile (k read once) and pipelined loads
+# (k, v), so the whole value dim in one tile (k read once) and pipelined loads. At K = 256 its Kᵀ V (65 K
+# multiply-adds per token and head) makes it compute-bound, and the 32-wide tile with descriptors (admitted there
+# only: TMA_NARROW_TILES) leads: 1 × 64K in two segments, pinned on an H100, 291 µs against 370 for the tuned
+# (64, 64, 4, 1) and 302 for (64, 64, 4, 3), right against float64 (h100-2026-11-22z42)
 _STATE_SPACE = (
+    (64, 32, 4, 3),
     (64, 128, 8, 3),
     (64, 64, 4, 3),
     (64, 64, 4, 1),

@@ -38,6 +38,7 @@ except ImportError:  # a Triton without Gluon (< 3.5): the Triton walk everywher
 WS_BT = 64
 WS_BV = 32
 WS_STAGES = 2
+WS_STATE_STAGES = 4  # the pre-pass keeps no q, o or state operand tiles: four stages in 172 KB
 WS_WARPS = 4
 WS_DK = 256  # the key dim it is built and measured for
 
@@ -245,5 +246,118 @@ if gluon is not None:
             worker_num_warps=[4, 1],
             worker_num_regs=[232, 40],
         )
+
+    @gluon.jit
+    def _state_producer(k_desc, v_desc, k_s, v_s, ready, empty, n_chunks, bos, i_vp,
+                        BT: gl.constexpr, BV: gl.constexpr, STAGES: gl.constexpr, REVERSE: gl.constexpr):  # fmt: skip
+        """The pre-pass's loads: chunk i's k tile and two v tiles into stage i % STAGES (see :func:`_producer`)."""
+        nbytes: gl.constexpr = k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes
+        for i in range(n_chunks):
+            s = i % STAGES
+            mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(s), nbytes)
+            lo = _chunk_start(i, n_chunks, bos, BT, REVERSE)
+            tma.async_copy_global_to_shared(k_desc, [lo, 0], ready.index(s), k_s.index(s))
+            tma.async_copy_global_to_shared(v_desc, [lo, 2 * i_vp * BV], ready.index(s), v_s.index(2 * s))
+            tma.async_copy_global_to_shared(v_desc, [lo, (2 * i_vp + 1) * BV], ready.index(s), v_s.index(2 * s + 1))
+
+    @gluon.jit
+    def _state_consumer(CID: gl.constexpr, k_s, v_s, ready, empty, vd_s, out, sout_k, sout_v, n_chunks, bos, eos, c,
+                        scale_upd, i_vp, DK: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
+                        STAGES: gl.constexpr, REVERSE: gl.constexpr):  # fmt: skip
+        """The local state of value tile 2·i_vp + CID over the segment, from zeros: S = λ^L S + scale_upd·kᵀ (λ^(L-1-r)
+        v) per chunk (the walk's update with d0 = 1), stored at ``out`` (this program's [DK, BV] block)."""
+        mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BV, 16])
+        v_blk: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
+        col0 = (2 * i_vp + CID) * BV
+        tv = gl.arange(0, BT, layout=gl.SliceLayout(1, v_blk))
+        S = gl.zeros([DK, BV], gl.float32, mma_o)
+        for i in range(n_chunks):
+            s = i % STAGES
+            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+            lo = _chunk_start(i, n_chunks, bos, BT, REVERSE)
+            L = gl.minimum(lo + BT, eos) - lo
+            if REVERSE:
+                rv = L - 1 - tv
+            else:
+                rv = tv
+            k_dec = gl.where(tv < L, gl.exp2(-c * gl.maximum(L - 1 - rv, 0).to(gl.float32)), 0.0) * scale_upd
+            vd_s.store((v_s.index(2 * s + CID).load(v_blk).to(gl.float32) * k_dec[:, None]).to(gl.bfloat16))
+            fence_async_shared()
+            S = warpgroup_mma(k_s.index(s).permute((1, 0)), vd_s, S * gl.exp2(-c * L.to(gl.float32)), is_async=True)
+            S = warpgroup_mma_wait(num_outstanding=0, deps=(S,))
+            mbarrier.arrive(empty.index(s), count=1)
+        rk = gl.arange(0, DK, layout=gl.SliceLayout(1, mma_o))
+        cv = gl.arange(0, BV, layout=gl.SliceLayout(0, mma_o))
+        gl.store(out + rk[:, None].to(gl.int64) * sout_k + (col0 + cv)[None, :].to(gl.int64) * sout_v, S)
+
+    @gluon.jit(do_not_specialize=["T", "NS", "SEG"])
+    def lightning_state_ws_kernel(
+        k, v,  # [B, T, H, DK] / [B, T, H, DV] bf16, last dim contiguous, TMA-aligned
+        slope,  # [H] float32 (unused without HAS_DECAY)
+        states,  # [NSEG, H, DK, DV] out: each segment's local state
+        sk_b, sk_t, sk_h,
+        sv_b, sv_t, sv_h,
+        sst_n, sst_h, sst_k, sst_v,
+        scale_upd,
+        T, H, NS, SEG,
+        DK: gl.constexpr, DV: gl.constexpr,
+        BT: gl.constexpr, BV: gl.constexpr, STAGES: gl.constexpr,
+        REVERSE: gl.constexpr,
+        HAS_DECAY: gl.constexpr,
+        SKIP_FINAL: gl.constexpr,  # the walk's last segment (the first of a reverse walk) stores zeros unread
+    ):  # fmt: skip
+        """The segment pre-pass (the Triton walk's STATE_ONLY mode) with two consumer warpgroups: one program per
+        (pair of value tiles, head, segment) of a fixed-length batch cut into NS segments of SEG tokens."""
+        NVP: gl.constexpr = DV // (2 * BV)
+        pid = gl.program_id(0)
+        i_vp = pid % NVP
+        i_h = (pid // NVP) % H
+        i_s = pid // (NVP * H)
+        i_n = i_s // NS
+        j = i_s % NS
+        bos = j * SEG
+        eos = gl.minimum(bos + SEG, T)
+        if HAS_DECAY:
+            c = gl.load(slope + i_h) * RCP_LN2
+        else:
+            c = gl.to_tensor(0.0)
+        n64 = i_n.to(gl.int64)
+        h64 = i_h.to(gl.int64)
+        n_chunks = gl.cdiv(eos - bos, BT)
+        if SKIP_FINAL:
+            if REVERSE:
+                n_chunks = gl.where(j == 0, 0, n_chunks)
+            else:
+                n_chunks = gl.where(j == NS - 1, 0, n_chunks)
+        k_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, DK], gl.bfloat16)
+        v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], gl.bfloat16)
+        k_desc = tma.make_tensor_descriptor(k + n64 * sk_b + h64 * sk_h, shape=[eos, DK], strides=[sk_t, 1],
+                                            block_shape=[BT, DK], layout=k_layout)  # fmt: skip
+        v_desc = tma.make_tensor_descriptor(v + n64 * sv_b + h64 * sv_h, shape=[eos, DV], strides=[sv_t, 1],
+                                            block_shape=[BT, BV], layout=v_layout)  # fmt: skip
+        out = states + i_s.to(gl.int64) * sst_n + h64 * sst_h
+
+        k_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, DK], k_layout)
+        v_s = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, BT, BV], v_layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=2)
+        vd_s0 = gl.allocate_shared_memory(gl.bfloat16, [BT, BV], v_layout)
+        vd_s1 = gl.allocate_shared_memory(gl.bfloat16, [BT, BV], v_layout)
+        gl.warp_specialize(
+            [
+                (_state_consumer, (0, k_s, v_s, ready, empty, vd_s0, out, sst_k, sst_v, n_chunks, bos, eos, c,
+                                   scale_upd, i_vp, DK, BT, BV, STAGES, REVERSE)),  # fmt: skip
+                (_state_consumer, (1, k_s, v_s, ready, empty, vd_s1, out, sst_k, sst_v, n_chunks, bos, eos, c,
+                                   scale_upd, i_vp, DK, BT, BV, STAGES, REVERSE)),  # fmt: skip
+                (_state_producer, (k_desc, v_desc, k_s, v_s, ready, empty, n_chunks, bos, i_vp, BT, BV, STAGES,
+                                   REVERSE)),  # fmt: skip
+            ],
+            worker_num_warps=[4, 1],
+            worker_num_regs=[232, 40],
+        )
 else:
-    lightning_walk_ws_kernel = None
+    lightning_walk_ws_kernel = lightning_state_ws_kernel = None
