@@ -165,44 +165,26 @@ def build_scan(cc: int, varlen: int) -> dict:
     return {"kernel": "scan", "cc": cc, "shared": kernel.metadata.shared, "limit": SHARED_LIMITS[cc]}
 
 
-def build_walk_ws(cc: int, DV: int, flags: dict) -> dict:
-    """The two-warpgroup walk (Gluon, ``kernels/walk_ws.py``) as ``chunk._walk_ws`` launches it, with ``flags``."""
+def build_ws(kind: str, cc: int, DV: int, flags: dict) -> dict:
+    """A two-warpgroup kernel (Gluon, ``kernels/walk_ws.py``: ``kind`` "walk_ws" or "state_ws", the pre-pass) as
+    ``chunk._walk_ws`` / ``chunk._state_ws`` launch it, with ``flags`` over the forward's defaults."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from lightning_attention.ops.lightning.kernels import walk_ws
 
-    fn = walk_ws.lightning_walk_ws_kernel
-    constexprs = dict(
-        DK=walk_ws.WS_DK, DV=DV, BT=walk_ws.WS_BT, BV=walk_ws.WS_BV, STAGES=walk_ws.WS_STAGES, REVERSE=False,
-        HAS_DECAY=True, USE_H0=True, STORE_HT=True, SEG_IN=False,
-    )  # fmt: skip
+    constexprs = dict(DK=walk_ws.WS_DK, DV=DV, BT=walk_ws.WS_BT, BV=walk_ws.WS_BV, REVERSE=False, HAS_DECAY=True)
+    if kind == "walk_ws":
+        fn = walk_ws.lightning_walk_ws_kernel
+        constexprs.update(STAGES=walk_ws.WS_STAGES, USE_H0=True, STORE_HT=True, SEG_IN=False)
+    else:
+        fn = walk_ws.lightning_state_ws_kernel
+        constexprs.update(STAGES=walk_ws.WS_STATE_STAGES, SKIP_FINAL=False)
     constexprs.update(flags)
     sig = signature(fn, "bf16")
     src = GluonASTSource(fn, sig, constexprs, specialisations(fn, sig))
     kernel = triton.compile(src, target=GPUTarget("cuda", cc, 32), options={"num_warps": walk_ws.WS_WARPS})
     return {
-        "kernel": "walk_ws", "cc": cc, "dtype": "bf16", "DK": walk_ws.WS_DK, "DV": DV, "flags": flags,
-        "num_warps": kernel.metadata.num_warps, "shared": kernel.metadata.shared, "limit": SHARED_LIMITS[cc],
-    }  # fmt: skip
-
-
-def build_state_ws(cc: int, DV: int, flags: dict) -> dict:
-    """The two-warpgroup pre-pass (``kernels/walk_ws.py``) as ``chunk._state_ws`` launches it, with ``flags``."""
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    from lightning_attention.ops.lightning.kernels import walk_ws
-
-    fn = walk_ws.lightning_state_ws_kernel
-    constexprs = dict(
-        DK=walk_ws.WS_DK, DV=DV, BT=walk_ws.WS_BT, BV=walk_ws.WS_BV, STAGES=walk_ws.WS_STATE_STAGES, REVERSE=False,
-        HAS_DECAY=True, SKIP_FINAL=False,
-    )  # fmt: skip
-    constexprs.update(flags)
-    sig = signature(fn, "bf16")
-    src = GluonASTSource(fn, sig, constexprs, specialisations(fn, sig))
-    kernel = triton.compile(src, target=GPUTarget("cuda", cc, 32), options={"num_warps": walk_ws.WS_WARPS})
-    return {
-        "kernel": "state_ws", "cc": cc, "dtype": "bf16", "DK": walk_ws.WS_DK, "DV": DV, "flags": flags,
+        "kernel": kind, "cc": cc, "dtype": "bf16", "DK": walk_ws.WS_DK, "DV": DV, "flags": flags,
         "num_warps": kernel.metadata.num_warps, "shared": kernel.metadata.shared, "limit": SHARED_LIMITS[cc],
     }  # fmt: skip
 
@@ -211,8 +193,7 @@ def run_job(job: dict) -> list[dict]:
     if job.get("kernel") == "scan":
         return [build_scan(job["cc"], varlen) for varlen in (0, 2)]
     if job.get("kernel") in ("walk_ws", "state_ws"):
-        build_one = build_walk_ws if job["kernel"] == "walk_ws" else build_state_ws
-        return [build_one(job["cc"], job["DV"], job.get("flags", {}))]
+        return [build_ws(job["kernel"], job["cc"], job["DV"], job.get("flags", {}))]
     which = job.get("which", "all")
     flags = job.get("flags", {})
     if job.get("kernel") == "dkdv":

@@ -55,6 +55,7 @@ import triton.language as tl
 
 from lightning_attention.backend import plain_eager
 from lightning_attention.ops.lightning import naive, replay
+from lightning_attention.ops.lightning.kernels import walk_ws
 from lightning_attention.ops.lightning.kernels.configs import (
     ENV_CONFIG,
     SHARED_PER_SM,
@@ -71,7 +72,6 @@ from lightning_attention.ops.lightning.kernels.configs import (
 )
 from lightning_attention.ops.lightning.kernels.dkdv_walk import lightning_dkdv_fixed_bt_kernel, lightning_dkdv_kernel
 from lightning_attention.ops.lightning.kernels.launch import DirectLauncher
-from lightning_attention.ops.lightning.kernels import walk_ws
 from lightning_attention.ops.lightning.kernels.walk import (
     lightning_inter_walk_kernel,
     lightning_scan_kernel,

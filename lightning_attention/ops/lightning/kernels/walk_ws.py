@@ -11,11 +11,13 @@ that warpgroup waits on each of its own products in turn: the SM runs one depend
   roles, directions and exponent rules: see ``kernels/walk.py``), issuing q·kᵀ together with q·S and the intra
   product together with the state update, so its products overlap each other and the other consumer's.
 
-Only the shapes the dispatcher gives it (``ops/lightning/chunk.py``): bf16, K = 256 (the state's rows), V a multiple
-of 64, fixed-length batches, whole sequences or host-planned segments (``SEG_IN``), tensor descriptors; the pre-pass,
-the scan, the inter-only mode and every other shape stay with the Triton walk. Values match the Triton walk's up to
-the order of the fp32 sums (the same roundings: scores and λ-weighted values to bf16 as mma operands, S to bf16 for
-q·S); the state-update scale is folded into the λ-weighted value tile before its rounding.
+The segment pre-pass (the Triton walk's STATE_ONLY mode) has the same structure without q and o
+(:func:`lightning_state_ws_kernel`). Only the shapes the dispatcher gives them (``ops/lightning/chunk.py``): bf16,
+K = 256 (the state's rows), V a multiple of 64, fixed-length batches, whole sequences or host-planned segments
+(``SEG_IN``), tensor descriptors; the scan, the inter-only mode and every other shape stay with the Triton kernels.
+Values match the Triton walk's up to the order of the fp32 sums (the same roundings: scores and λ-weighted values to
+bf16 as mma operands, S to bf16 for q·S); the state-update scale is folded into the λ-weighted value tile before its
+rounding.
 
 Gluon has no interpreter: on a machine without an sm_90 GPU the kernel is only compiled (tests/ops/test_aot.py).
 """
@@ -55,19 +57,59 @@ if gluon is not None:
 
     @gluon.jit
     def _producer(q_desc, k_desc, v_desc, q_s, k_s, v_s, ready, empty, n_chunks, bos, i_vp,
-                  BT: gl.constexpr, BV: gl.constexpr, STAGES: gl.constexpr, REVERSE: gl.constexpr):  # fmt: skip
-        """Fills stage i % STAGES with chunk i's q, k and two v tiles once both consumers have released it."""
-        nbytes: gl.constexpr = q_desc.block_type.nbytes + k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes
+                  BT: gl.constexpr, BV: gl.constexpr, STAGES: gl.constexpr, REVERSE: gl.constexpr,
+                  LOAD_Q: gl.constexpr):  # fmt: skip
+        """Fills stage i % STAGES with chunk i's k, two v tiles and (LOAD_Q: the walk, not the pre-pass) q, once both
+        consumers have released it."""
+        nbytes: gl.constexpr = k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes
         for i in range(n_chunks):
             s = i % STAGES
             # a fresh barrier counts as released for the phase before its first (parity 1): the first round passes
             mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
-            mbarrier.expect(ready.index(s), nbytes)
             lo = _chunk_start(i, n_chunks, bos, BT, REVERSE)
-            tma.async_copy_global_to_shared(q_desc, [lo, 0], ready.index(s), q_s.index(s))
+            if LOAD_Q:
+                mbarrier.expect(ready.index(s), nbytes + q_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(q_desc, [lo, 0], ready.index(s), q_s.index(s))
+            else:
+                mbarrier.expect(ready.index(s), nbytes)
             tma.async_copy_global_to_shared(k_desc, [lo, 0], ready.index(s), k_s.index(s))
             tma.async_copy_global_to_shared(v_desc, [lo, 2 * i_vp * BV], ready.index(s), v_s.index(2 * s))
             tma.async_copy_global_to_shared(v_desc, [lo, (2 * i_vp + 1) * BV], ready.index(s), v_s.index(2 * s + 1))
+
+    @gluon.jit
+    def _program(slope, T, H, NS, SEG, NVP: gl.constexpr, HAS_DECAY: gl.constexpr):
+        """This program's (value-tile pair, head, segment, sequence, segment index in it, first and end token of the
+        segment, decay coefficient c = slope·log2(e)): pairs fastest, then heads, then segments."""
+        pid = gl.program_id(0)
+        i_vp = pid % NVP
+        i_h = (pid // NVP) % H
+        i_s = pid // (NVP * H)
+        j = i_s % NS
+        bos = j * SEG
+        eos = gl.minimum(bos + SEG, T)
+        if HAS_DECAY:
+            c = gl.load(slope + i_h) * RCP_LN2
+        else:
+            c = gl.to_tensor(0.0)
+        return i_vp, i_h, i_s, i_s // NS, j, bos, eos, c
+
+    @gluon.jit
+    def _rows_desc(base, n64, s_b, h64, s_h, s_t, eos, D: gl.constexpr, BR: gl.constexpr, BC: gl.constexpr):
+        """A descriptor over the rows [0, eos) of one (batch row, head) of a [B, T, H, D] tensor, in [BR, BC] tiles:
+        rows past eos read as zeros and are not written."""
+        layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BR, BC], gl.bfloat16)
+        return tma.make_tensor_descriptor(base + n64 * s_b + h64 * s_h, shape=[eos, D], strides=[s_t, 1],
+                                          block_shape=[BR, BC], layout=layout)  # fmt: skip
+
+    @gluon.jit
+    def _stage_barriers(STAGES: gl.constexpr):
+        """Per stage a "full" barrier (the producer's transaction bytes) and an "empty" one (both consumers)."""
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=2)
+        return ready, empty
 
     @gluon.jit
     def _consumer(CID: gl.constexpr, o_desc, q_s, k_s, v_s, ready, empty, s_s, vd_s, o_s, s_in, ht,
@@ -178,36 +220,18 @@ if gluon is not None:
         """One program per (pair of value tiles, head, segment), pairs fastest; a fixed-length batch cut into NS
         segments of SEG tokens per sequence (NS = 1: whole sequences). Launched with num_warps = 4 (the first
         consumer); the second consumer and the producer are the warp-specialised workers."""
-        NVP: gl.constexpr = DV // (2 * BV)
-        pid = gl.program_id(0)
-        i_vp = pid % NVP
-        i_h = (pid // NVP) % H
-        i_s = pid // (NVP * H)
-        i_n = i_s // NS
-        j = i_s % NS
-        bos = j * SEG
-        eos = gl.minimum(bos + SEG, T)
+        i_vp, i_h, i_s, i_n, j, bos, eos, c = _program(slope, T, H, NS, SEG, DV // (2 * BV), HAS_DECAY)
         last = j == NS - 1
-        if HAS_DECAY:
-            c = gl.load(slope + i_h) * RCP_LN2
-        else:
-            c = gl.to_tensor(0.0)
         n64 = i_n.to(gl.int64)
         h64 = i_h.to(gl.int64)
 
-        # one descriptor per tensor over the rows [0, eos) of this (batch row, head): rows past eos read as zeros
-        # and are not written
         qk_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, DK], gl.bfloat16)
         v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], gl.bfloat16)
         s_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([DK, BV], gl.bfloat16)
-        q_desc = tma.make_tensor_descriptor(q + n64 * sq_b + h64 * sq_h, shape=[eos, DK], strides=[sq_t, 1],
-                                            block_shape=[BT, DK], layout=qk_layout)  # fmt: skip
-        k_desc = tma.make_tensor_descriptor(k + n64 * sk_b + h64 * sk_h, shape=[eos, DK], strides=[sk_t, 1],
-                                            block_shape=[BT, DK], layout=qk_layout)  # fmt: skip
-        v_desc = tma.make_tensor_descriptor(v + n64 * sv_b + h64 * sv_h, shape=[eos, DV], strides=[sv_t, 1],
-                                            block_shape=[BT, BV], layout=v_layout)  # fmt: skip
-        o_desc = tma.make_tensor_descriptor(o + n64 * so_b + h64 * so_h, shape=[eos, DV], strides=[so_t, 1],
-                                            block_shape=[BT, BV], layout=v_layout)  # fmt: skip
+        q_desc = _rows_desc(q, n64, sq_b, h64, sq_h, sq_t, eos, DK, BT, DK)
+        k_desc = _rows_desc(k, n64, sk_b, h64, sk_h, sk_t, eos, DK, BT, DK)
+        v_desc = _rows_desc(v, n64, sv_b, h64, sv_h, sv_t, eos, DV, BT, BV)
+        o_desc = _rows_desc(o, n64, so_b, h64, so_h, so_t, eos, DV, BT, BV)
         if SEG_IN:
             s_in = states + i_s.to(gl.int64) * sst_n + h64 * sst_h
             sin_k, sin_v = sst_k, sst_v
@@ -219,11 +243,7 @@ if gluon is not None:
         q_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, DK], qk_layout)
         k_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, DK], qk_layout)
         v_s = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, BT, BV], v_layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=2)  # released by both consumers
+        ready, empty = _stage_barriers(STAGES)
         s_s0 = gl.allocate_shared_memory(gl.bfloat16, [DK, BV], s_layout)
         s_s1 = gl.allocate_shared_memory(gl.bfloat16, [DK, BV], s_layout)
         vd_s0 = gl.allocate_shared_memory(gl.bfloat16, [BT, BV], v_layout)
@@ -236,30 +256,16 @@ if gluon is not None:
             [
                 (_consumer, (0, o_desc, q_s, k_s, v_s, ready, empty, s_s0, vd_s0, o_s0, s_in, s_out, sin_k, sin_v,
                              sht_k, sht_v, n_chunks, bos, eos, last, c, scale_intra, scale_inter, scale_upd, i_vp,
-                             DK, BT, BV, STAGES, REVERSE, HAS_IN, STORE_HT)),  # fmt: skip
+                             DK, BT, BV, STAGES, REVERSE, HAS_IN, STORE_HT)),
                 (_consumer, (1, o_desc, q_s, k_s, v_s, ready, empty, s_s1, vd_s1, o_s1, s_in, s_out, sin_k, sin_v,
                              sht_k, sht_v, n_chunks, bos, eos, last, c, scale_intra, scale_inter, scale_upd, i_vp,
-                             DK, BT, BV, STAGES, REVERSE, HAS_IN, STORE_HT)),  # fmt: skip
+                             DK, BT, BV, STAGES, REVERSE, HAS_IN, STORE_HT)),
                 (_producer, (q_desc, k_desc, v_desc, q_s, k_s, v_s, ready, empty, n_chunks, bos, i_vp, BT, BV, STAGES,
-                             REVERSE)),  # fmt: skip
+                             REVERSE, True)),
             ],
             worker_num_warps=[4, 1],
             worker_num_regs=[232, 40],
         )
-
-    @gluon.jit
-    def _state_producer(k_desc, v_desc, k_s, v_s, ready, empty, n_chunks, bos, i_vp,
-                        BT: gl.constexpr, BV: gl.constexpr, STAGES: gl.constexpr, REVERSE: gl.constexpr):  # fmt: skip
-        """The pre-pass's loads: chunk i's k tile and two v tiles into stage i % STAGES (see :func:`_producer`)."""
-        nbytes: gl.constexpr = k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes
-        for i in range(n_chunks):
-            s = i % STAGES
-            mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
-            mbarrier.expect(ready.index(s), nbytes)
-            lo = _chunk_start(i, n_chunks, bos, BT, REVERSE)
-            tma.async_copy_global_to_shared(k_desc, [lo, 0], ready.index(s), k_s.index(s))
-            tma.async_copy_global_to_shared(v_desc, [lo, 2 * i_vp * BV], ready.index(s), v_s.index(2 * s))
-            tma.async_copy_global_to_shared(v_desc, [lo, (2 * i_vp + 1) * BV], ready.index(s), v_s.index(2 * s + 1))
 
     @gluon.jit
     def _state_consumer(CID: gl.constexpr, k_s, v_s, ready, empty, vd_s, out, sout_k, sout_v, n_chunks, bos, eos, c,
@@ -309,19 +315,7 @@ if gluon is not None:
     ):  # fmt: skip
         """The segment pre-pass (the Triton walk's STATE_ONLY mode) with two consumer warpgroups: one program per
         (pair of value tiles, head, segment) of a fixed-length batch cut into NS segments of SEG tokens."""
-        NVP: gl.constexpr = DV // (2 * BV)
-        pid = gl.program_id(0)
-        i_vp = pid % NVP
-        i_h = (pid // NVP) % H
-        i_s = pid // (NVP * H)
-        i_n = i_s // NS
-        j = i_s % NS
-        bos = j * SEG
-        eos = gl.minimum(bos + SEG, T)
-        if HAS_DECAY:
-            c = gl.load(slope + i_h) * RCP_LN2
-        else:
-            c = gl.to_tensor(0.0)
+        i_vp, i_h, i_s, i_n, j, bos, eos, c = _program(slope, T, H, NS, SEG, DV // (2 * BV), HAS_DECAY)
         n64 = i_n.to(gl.int64)
         h64 = i_h.to(gl.int64)
         n_chunks = gl.cdiv(eos - bos, BT)
@@ -332,29 +326,24 @@ if gluon is not None:
                 n_chunks = gl.where(j == NS - 1, 0, n_chunks)
         k_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, DK], gl.bfloat16)
         v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], gl.bfloat16)
-        k_desc = tma.make_tensor_descriptor(k + n64 * sk_b + h64 * sk_h, shape=[eos, DK], strides=[sk_t, 1],
-                                            block_shape=[BT, DK], layout=k_layout)  # fmt: skip
-        v_desc = tma.make_tensor_descriptor(v + n64 * sv_b + h64 * sv_h, shape=[eos, DV], strides=[sv_t, 1],
-                                            block_shape=[BT, BV], layout=v_layout)  # fmt: skip
+        k_desc = _rows_desc(k, n64, sk_b, h64, sk_h, sk_t, eos, DK, BT, DK)
+        v_desc = _rows_desc(v, n64, sv_b, h64, sv_h, sv_t, eos, DV, BT, BV)
         out = states + i_s.to(gl.int64) * sst_n + h64 * sst_h
 
         k_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, DK], k_layout)
         v_s = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, BT, BV], v_layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=2)
+        ready, empty = _stage_barriers(STAGES)
         vd_s0 = gl.allocate_shared_memory(gl.bfloat16, [BT, BV], v_layout)
         vd_s1 = gl.allocate_shared_memory(gl.bfloat16, [BT, BV], v_layout)
         gl.warp_specialize(
             [
                 (_state_consumer, (0, k_s, v_s, ready, empty, vd_s0, out, sst_k, sst_v, n_chunks, bos, eos, c,
-                                   scale_upd, i_vp, DK, BT, BV, STAGES, REVERSE)),  # fmt: skip
+                                   scale_upd, i_vp, DK, BT, BV, STAGES, REVERSE)),
                 (_state_consumer, (1, k_s, v_s, ready, empty, vd_s1, out, sst_k, sst_v, n_chunks, bos, eos, c,
-                                   scale_upd, i_vp, DK, BT, BV, STAGES, REVERSE)),  # fmt: skip
-                (_state_producer, (k_desc, v_desc, k_s, v_s, ready, empty, n_chunks, bos, i_vp, BT, BV, STAGES,
-                                   REVERSE)),  # fmt: skip
+                                   scale_upd, i_vp, DK, BT, BV, STAGES, REVERSE)),
+                # no q: k and its buffer stand in for it, unread (LOAD_Q off)
+                (_producer, (k_desc, k_desc, v_desc, k_s, k_s, v_s, ready, empty, n_chunks, bos, i_vp, BT, BV, STAGES,
+                             REVERSE, False)),
             ],
             worker_num_warps=[4, 1],
             worker_num_regs=[232, 40],
