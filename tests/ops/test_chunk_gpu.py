@@ -141,13 +141,17 @@ def test_head_dims_against_float64(K, V, segment_len, monkeypatch):
 
 def test_every_chunk_launch_stays_on_the_direct_path(monkeypatch):
     """The chunk op's launchers keep their direct path (kernels/launch.py) through a segmented fwd+bwd, the fused
-    dk/dv walk and the inter-only walk: one that disables itself still computes right values but pays Triton's
-    launch per call, which doubled K = 64's fwd+bwd in h100-2026-11-22z36 (a walk constexpr with a default)."""
+    dk/dv walk, the inter-only walk and (on sm_90) the two-warpgroup walk and pre-pass at K = 256: one that disables
+    itself still computes right values but pays Triton's launch per call, which doubled K = 64's fwd+bwd in
+    h100-2026-11-22z36 (a walk constexpr with a default)."""
     import warnings
 
     from lightning_attention.ops.lightning import chunk
 
     launchers = [chunk._WALK, chunk._STATE, chunk._INTER_WALK, chunk._SCAN, chunk._DKDV, chunk._DKDV_FIXED_BT]
+    two_warpgroups = chunk._walk_ws_device(torch.cuda.current_device())
+    if two_warpgroups:
+        launchers += [chunk._WALK_WS, chunk._STATE_WS]
     for launcher in launchers:
         launcher.cache.reset()  # another test may have disabled one on purpose
     B, T, H, K = 2, 4096, 4, 64
@@ -166,6 +170,12 @@ def test_every_chunk_launch_stays_on_the_direct_path(monkeypatch):
             o, ht = chunk.lightning_attn_inter_triton(q, k, v, slope, chunk_size=128, initial_state=h0,
                                                       output_final_state=True)  # fmt: skip
             torch.autograd.grad((o.float() * do.float()).sum() + (ht * dht).sum(), (q, k, v, h0))
+        if two_warpgroups:  # K = 256 in segments: 4 × 16 heads × 4 pairs of value tiles per segment
+            monkeypatch.setenv("LIGHTNING_ATTENTION_SEGMENT_LEN", "512")
+            inputs = _inputs(4, 1024, 16, 256, 256, torch.bfloat16)
+            slope16 = la.tnl_slopes(16, 0, 2).cuda()
+            for _ in range(3):
+                _fwd_bwd(*inputs, slope16)
     torch.cuda.synchronize()
     for launcher in launchers:
         assert launcher.cache.disabled is None, (launcher.cache.name, launcher.cache.disabled)
