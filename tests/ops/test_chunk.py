@@ -448,7 +448,7 @@ def test_every_launch_names_all_its_constexprs(triton_backend):
     ones is passed or chosen by the autotuner; a defaulted one sends every launch through Triton's slower path, which
     only shows on a GPU (h100-2026-11-22z36: a walk flag with a default doubled K = 64's fwd+bwd). Every launch of
     the forward, both backwards, the pre-pass, the scan and the inter-only walk, against every configuration its
-    autotuner may choose."""
+    autotuner may choose, and the two-warpgroup walk's and pre-pass's launch arguments."""
     from lightning_attention.ops.lightning.chunk import lightning_attn_inter_triton
 
     launchers = [chunk._WALK, chunk._STATE, chunk._INTER_WALK, chunk._SCAN, chunk._DKDV, chunk._DKDV_FIXED_BT]
@@ -469,6 +469,20 @@ def test_every_launch_names_all_its_constexprs(triton_backend):
         torch.autograd.grad(o.sum() + ht.sum(), (q, k, v, h0))
     o, ht = lightning_attn_inter_triton(q, k, v, slope, chunk_size=32, initial_state=h0, output_final_state=True)
     torch.autograd.grad(o.sum() + ht.sum(), (q, k, v, h0))
+    if chunk.walk_ws.lightning_walk_ws_kernel is not None:
+        # the two-warpgroup kernels (sm_90 only, never launched here): their launch arguments as built for the GPU,
+        # recorded without a launch
+        triton_backend.setattr(chunk.replay, "launch", lambda launcher, grid, args, constexprs, x: seen.append(
+            (launcher, len(args), dict(constexprs))))  # fmt: skip
+        B, T, H = 1, 128, 2
+        q2, k2, v2 = (torch.zeros(B, T, H, 256, dtype=torch.bfloat16) for _ in range(3))
+        plan = chunk.SegmentPlan(varlen=0, segmented=True, total=2, per_seq=2, seg_len=64)
+        states = torch.zeros(2, H, 256, 256)
+        chunk._walk_ws(q2, k2, v2, torch.empty_like(v2), slope=slope, h0=None, ht=None, states=states, plan=plan,
+                       T=T, H=H, scale_intra=1.0, scale_inter=1.0, scale_upd=1.0, reverse=True)  # fmt: skip
+        chunk._state_ws(k2, v2, states, slope=slope, plan=plan, T=T, H=H, scale_upd=1.0, reverse=False,
+                        skip_final=True)  # fmt: skip
+        launchers += [chunk._WALK_WS, chunk._STATE_WS]
 
     assert {id(launcher) for launcher, _, _ in seen} == {id(launcher) for launcher in launchers}
     for launcher, num_args, constexprs in seen:
