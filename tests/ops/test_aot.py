@@ -98,6 +98,16 @@ def test_two_warpgroup_walk_compiles_for_sm90(ci_builds):
     assert all(r["num_warps"] == 12 for r in builds), builds
 
 
+def test_two_warpgroup_walk_only_on_the_triton_versions_it_was_checked_with():
+    """Gluon is experimental: the dispatcher runs the two-warpgroup walk with Triton 3.6 (the GPU runs) to 3.8 (CI's
+    builds) only, and the Triton walk with any other version."""
+    from lightning_attention.ops.lightning.kernels.walk_ws import triton_version_supported
+
+    assert [triton_version_supported(v) for v in ("3.5.1", "3.6.0", "3.7.1", "3.8.0", "3.8.0+git1a2b", "3.9.0")] == [
+        False, True, True, True, True, False,
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize("cc", ARCHS)
 @pytest.mark.parametrize("dtype, d", [("bf16", 128), ("bf16", 256), ("fp16", 128)])
 def test_half_precision_configs_fit(ci_builds, cc, dtype, d):

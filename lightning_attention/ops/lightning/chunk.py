@@ -360,8 +360,12 @@ def _walk(
 @functools.lru_cache(maxsize=None)
 def _walk_ws_device(index: int) -> bool:
     """Whether this GPU runs the two-warpgroup walk: Hopper's warpgroup MMA (sm_90; Blackwell has none) and a Triton
-    with Gluon."""
-    return walk_ws.lightning_walk_ws_kernel is not None and torch.cuda.get_device_capability(index) == (9, 0)
+    with Gluon in the versions it was checked with (:data:`walk_ws.WS_TRITON_VERSIONS`)."""
+    return (
+        walk_ws.lightning_walk_ws_kernel is not None
+        and walk_ws.triton_version_supported()
+        and torch.cuda.get_device_capability(index) == (9, 0)
+    )
 
 
 def _walk_ws_shape(x: torch.Tensor, DK: int, DV: int) -> bool:

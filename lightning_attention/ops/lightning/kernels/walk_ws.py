@@ -22,6 +22,8 @@ rounding.
 Gluon has no interpreter: on a machine without an sm_90 GPU the kernel is only compiled (tests/ops/test_aot.py).
 """
 
+import triton
+
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -43,6 +45,16 @@ WS_STAGES = 2
 WS_STATE_STAGES = 4  # the pre-pass keeps no q, o or state operand tiles: four stages in 172 KB
 WS_WARPS = 4
 WS_DK = 256  # the key dim it is built and measured for
+
+# the Triton versions it is run or built with: 3.6 on the H100 / H200 runs, 3.8 in CI's sm_90 builds (Gluon is an
+# experimental API that may change); with another version the dispatcher keeps the Triton walk
+WS_TRITON_VERSIONS = ((3, 6), (3, 8))
+
+
+def triton_version_supported(version: str = triton.__version__) -> bool:
+    """Whether ``version`` lies in :data:`WS_TRITON_VERSIONS` (inclusive; pre-release tags ignored)."""
+    major_minor = tuple(int(part) for part in version.split(".")[:2])
+    return WS_TRITON_VERSIONS[0] <= major_minor <= WS_TRITON_VERSIONS[1]
 
 if gluon is not None:
     RCP_LN2 = gl.constexpr(1.4426950408889634)  # log2(e): exp(-s·x) == exp2(-s·log2(e)·x)
