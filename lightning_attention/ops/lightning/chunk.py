@@ -302,6 +302,21 @@ def _walk(
     DK, DV = q.shape[-1], v.shape[-1]
     dummy = q
     o_ = dummy if o is None else o
+    # tensor descriptors (kernels/walk.py, ops/lightning/tma.py) need whole chunks: not the inter-only mode, whose
+    # chunks of inter_chunk tokens are shorter than its tile
+    use_tma = not (inter_chunk and not state_only) and tma_ready(q, k, v, o_)
+    if use_tma and q.is_cuda:
+        replay.call(ensure_allocator)
+    if _use_walk_ws(q, DK, DV, plan, inter_chunk, use_tma):
+        if state_only:
+            _state_ws(k, v, states, slope=slope, plan=plan, T=T, H=H, scale_upd=scale_upd, reverse=reverse,
+                      skip_final=skip_final)  # fmt: skip
+        else:
+            _walk_ws(
+                q, k, v, o, slope=slope, h0=h0, ht=ht, states=states, plan=plan, T=T, H=H, scale_intra=scale_intra,
+                scale_inter=scale_inter, scale_upd=scale_upd, reverse=reverse,
+            )  # fmt: skip
+        return
     dot_prec, inter_prec = _precisions(q.dtype)
     total = plan.total
     grid = lambda meta: (cdiv(DV, meta["BV"]) * H * total,)  # noqa: E731
@@ -319,11 +334,6 @@ def _walk(
         T, H, plan.per_seq, plan.seg_len, inter_chunk if not state_only else 0,
         _waves(q, cdiv(DV, 64) * H * total),
     )  # fmt: skip
-    # tensor descriptors (kernels/walk.py, ops/lightning/tma.py) need whole chunks: not the inter-only mode, whose
-    # chunks of inter_chunk tokens are shorter than its tile
-    use_tma = not (inter_chunk and not state_only) and tma_ready(q, k, v, o_)
-    if use_tma and q.is_cuda:
-        replay.call(ensure_allocator)
     constexprs = dict(
         DK=DK, DV=DV, BK=walk_tile(DK),
         VARLEN=plan.varlen,
@@ -340,16 +350,6 @@ def _walk(
         DOT_PREC=dot_prec,
         INTER_PREC=inter_prec,
     )  # fmt: skip
-    if _use_walk_ws(q, DK, DV, plan, inter_chunk, use_tma):
-        if state_only:
-            _state_ws(k, v, states, slope=slope, plan=plan, T=T, H=H, scale_upd=scale_upd, reverse=reverse,
-                      skip_final=skip_final)  # fmt: skip
-        else:
-            _walk_ws(
-                q, k, v, o, slope=slope, h0=h0, ht=ht, states=states, plan=plan, T=T, H=H, scale_intra=scale_intra,
-                scale_inter=scale_inter, scale_upd=scale_upd, reverse=reverse,
-            )  # fmt: skip
-        return
     launcher = _STATE if state_only else _WALK
     if inter_chunk and not state_only:  # the pre-pass's state does not depend on the chunking
         launcher = _INTER_WALK
