@@ -124,6 +124,14 @@ if gluon is not None:
         return ready, empty
 
     @gluon.jit
+    def _state_ptrs(base, s_k, s_v, col0, DK: gl.constexpr, BV: gl.constexpr, layout: gl.constexpr):
+        """Pointers to this consumer's [DK, BV] block (columns col0 …) of a state with strides (s_k, s_v), in
+        ``layout``."""
+        rk = gl.arange(0, DK, layout=gl.SliceLayout(1, layout))
+        cv = gl.arange(0, BV, layout=gl.SliceLayout(0, layout))
+        return base + rk[:, None].to(gl.int64) * s_k + (col0 + cv)[None, :].to(gl.int64) * s_v
+
+    @gluon.jit
     def _consumer(CID: gl.constexpr, o_desc, q_s, k_s, v_s, ready, empty, s_s, vd_s, o_s, s_in, ht,
                   sin_k, sin_v, sht_k, sht_v, n_chunks, bos, eos, last, c, scale_intra, scale_inter, scale_upd, i_vp,
                   DK: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, STAGES: gl.constexpr,
@@ -147,11 +155,9 @@ if gluon is not None:
         decay = gl.where(dist >= 0, gl.exp2(-c * gl.maximum(dist, 0).to(gl.float32)) * scale_intra, 0.0)
         to = gl.arange(0, BT, layout=gl.SliceLayout(1, mma_o))
         tv = gl.arange(0, BT, layout=gl.SliceLayout(1, v_blk))
-        rk = gl.arange(0, DK, layout=gl.SliceLayout(1, mma_o))
-        cv = gl.arange(0, BV, layout=gl.SliceLayout(0, mma_o))
 
         if HAS_IN:
-            S = gl.load(s_in + rk[:, None].to(gl.int64) * sin_k + (col0 + cv)[None, :].to(gl.int64) * sin_v)
+            S = gl.load(_state_ptrs(s_in, sin_k, sin_v, col0, DK, BV, mma_o))
         else:
             S = gl.zeros([DK, BV], gl.float32, mma_o)
         # exponent offset of the incoming state (kernels/walk.py): 1, except a reverse walk that starts from dht
@@ -203,7 +209,7 @@ if gluon is not None:
         if STORE_HT:
             if REVERSE:
                 S = S * gl.exp2(-c * d0.to(gl.float32))  # dh0 = λ G_0 (= dht when the sequence is empty)
-            gl.store(ht + rk[:, None].to(gl.int64) * sht_k + (col0 + cv)[None, :].to(gl.int64) * sht_v, S)
+            gl.store(_state_ptrs(ht, sht_k, sht_v, col0, DK, BV, mma_o), S)
 
     @gluon.jit(do_not_specialize=["T", "NS", "SEG"])
     def lightning_walk_ws_kernel(
@@ -305,9 +311,7 @@ if gluon is not None:
             S = warpgroup_mma(k_s.index(s).permute((1, 0)), vd_s, S * gl.exp2(-c * L.to(gl.float32)), is_async=True)
             S = warpgroup_mma_wait(num_outstanding=0, deps=(S,))
             mbarrier.arrive(empty.index(s), count=1)
-        rk = gl.arange(0, DK, layout=gl.SliceLayout(1, mma_o))
-        cv = gl.arange(0, BV, layout=gl.SliceLayout(0, mma_o))
-        gl.store(out + rk[:, None].to(gl.int64) * sout_k + (col0 + cv)[None, :].to(gl.int64) * sout_v, S)
+        gl.store(_state_ptrs(out, sout_k, sout_v, col0, DK, BV, mma_o), S)
 
     @gluon.jit(do_not_specialize=["T", "NS", "SEG"])
     def lightning_state_ws_kernel(
