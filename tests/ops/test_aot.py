@@ -277,8 +277,6 @@ def test_pinned_probe_flag_reaches_the_walk(monkeypatch):
     """A pin's probe flag (``warp_spec=1``: kernels/walk.py WARP_SPEC) survives the pruning that clamps the tile, the
     tuned space carries it off (every configuration names it: the direct launcher refuses defaulted constexprs), and
     an unknown key is refused."""
-    import pytest
-
     from lightning_attention.ops.lightning.kernels.configs import (
         ENV_CONFIG,
         SHARED_LIMITS,
