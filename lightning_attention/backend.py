@@ -1,42 +1,35 @@
-"""Backend selection and debug switches, read from the environment at call time.
+"""Which implementation runs a call: the Triton kernels or the PyTorch path, and which checks run with it.
 
-``LIGHTNING_ATTENTION_BACKEND``
-    ``auto`` (default): Triton kernels on CUDA tensors, the PyTorch chunked path on CPU tensors.
-    ``triton``: always the Triton kernels; on CPU tensors they run under Triton's interpreter, which needs
-    ``TRITON_INTERPRET=1`` set before ``lightning_attention`` is imported (this is how CI tests the kernels).
-    ``torch``: always the PyTorch path (reference speed, any device).
-``LIGHTNING_ATTENTION_DEBUG=1``
-    Run the value checks that need a device->host copy (slope sign/finiteness, cu_seqlens monotonicity,
-    state_indices range/duplicates) on CUDA tensors too. They always run on CPU tensors.
+The choice follows :func:`lightning_attention.settings.current` (``backend``, ``debug``); nothing here reads the
+environment itself.
 """
-
-import os
 
 import torch
 
-BACKENDS = ("auto", "triton", "torch")
-
-
-def backend_name() -> str:
-    """The requested backend, validated: one of :data:`BACKENDS`."""
-    name = os.environ.get("LIGHTNING_ATTENTION_BACKEND", "auto").strip().lower() or "auto"
-    if name not in BACKENDS:
-        raise ValueError(f"LIGHTNING_ATTENTION_BACKEND must be one of {BACKENDS}, got {name!r}")
-    return name
+from lightning_attention import settings
 
 
 def use_triton(x: torch.Tensor) -> bool:
-    """Whether a call on tensors living where ``x`` lives runs the Triton kernels."""
-    name = backend_name()
-    if name == "torch":
-        return False
-    if name == "triton":
-        return True
-    return x.is_cuda
+    """Whether a call on tensors living where ``x`` lives runs the Triton kernels: the ``triton`` backend always,
+    ``auto`` on CUDA tensors, ``torch`` never."""
+    name = settings.current().backend
+    if name == "auto":
+        return x.is_cuda
+    return name == "triton"
 
 
-def debug_checks_enabled() -> bool:
-    return os.environ.get("LIGHTNING_ATTENTION_DEBUG", "0") not in ("", "0", "false", "False")
+def triton_ops():
+    """The Triton path's entry points (:mod:`lightning_attention.ops.lightning.ops`), imported on first use (Triton
+    stays unimported on the PyTorch path), or NotImplementedError saying how to run without them when Triton cannot
+    be imported here. (An import statement, which torch.compile traces, rather than ``importlib``.)"""
+    try:
+        from lightning_attention.ops.lightning import ops
+    except ImportError as e:  # triton missing (e.g. not Linux)
+        raise NotImplementedError(
+            f"The Triton backend is not available here ({e}); set LIGHTNING_ATTENTION_BACKEND=torch to use the "
+            "PyTorch path"
+        ) from e
+    return ops
 
 
 def value_checks_enabled(x: torch.Tensor) -> bool:
@@ -47,21 +40,14 @@ def value_checks_enabled(x: torch.Tensor) -> bool:
     """
     if torch.compiler.is_compiling():
         return False
-    return (not x.is_cuda) or debug_checks_enabled()
-
-
-def interpreter_active() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return (not x.is_cuda) or settings.current().debug
 
 
 def plain_eager() -> bool:
     """True when nothing would observe a ``torch.library`` op: not tracing/compiling, no dispatch or torch-function
-    mode. Then launchers may skip the op's dispatcher round trip and call its implementation directly.
-
-    The round trip is not free: ~25 µs per decode step (torch 2.13, CPU), and for ``chunk_fwd``/``chunk_bwd`` on
-    an H100 host (torch 2.11) ~1 ms per call of own time in ``custom_ops.backend_impl`` under cProfile
-    (benchmarks/results/h100-2026-11-22e/host_profile.txt) — more than the GPU time of small calls.
-    """
+    mode. Then launchers may skip the op's dispatcher round trip and call its implementation directly (the round
+    trip costs ~25 µs per decode step on a CPU host and ~1 ms of a chunk call's host time on an H100 host:
+    docs/kernels.md, "Host overhead")."""
     from torch.utils._python_dispatch import _get_current_dispatch_mode
 
     return not (

@@ -7,11 +7,14 @@
   so an output element that a kernel forgets to write fails the test instead of passing by luck.
 """
 
+import contextlib
 import os
 import sys
 
 import pytest
 import torch
+
+from lightning_attention import settings
 
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
@@ -73,13 +76,31 @@ def poison_empty():
 
 
 @pytest.fixture(autouse=True)
-def fresh_replays():
-    """Every test starts without recorded launches (ops/lightning/replay.py): tests replace launchers and planning
-    functions that a replay key cannot see, so a recording made by an earlier test must not serve a later one."""
-    from lightning_attention.ops.lightning import replay
-
-    replay.clear()
+def fresh_programs():
+    """Every test starts without cached chunk programs (ops/lightning/run.py): tests replace planning functions and
+    launchers that a program's key cannot see, so a program built by an earlier test must not serve a later one."""
+    try:
+        from lightning_attention.ops.lightning import run
+    except ImportError:  # triton not installed
+        yield
+        return
+    run.clear_programs()
     yield
+
+
+@pytest.fixture
+def configure():
+    """``configure(**changes)``: library settings (``lightning_attention.settings.override``) for the rest of the
+    test, e.g. ``configure(backend="triton", segment_len=32)``."""
+    with contextlib.ExitStack() as stack:
+        yield lambda **changes: stack.enter_context(settings.override(**changes))
+
+
+@pytest.fixture
+def triton_backend(configure):
+    """The Triton kernels on every tensor (under the interpreter on CPU); returns ``configure`` for more settings."""
+    configure(backend="triton")
+    return configure
 
 
 def pytest_collection_modifyitems(config, items):

@@ -25,6 +25,7 @@ import time
 import torch
 
 import lightning_attention as la
+from lightning_attention import settings
 from lightning_attention.bench.timing import graphed
 
 HBM_BYTES_PER_S = 3.0e12  # H100 80GB copy ceiling measured for DESIGN §4 (3.02 TB/s)
@@ -149,7 +150,7 @@ def time_decode_step(
         "v_dim": v_dim,
         "dtype": str(dtype).replace("torch.", ""),
         "device": str(device),
-        "backend": os.environ.get("LIGHTNING_ATTENTION_BACKEND", "auto"),
+        "backend": settings.current().backend,
         "cuda_graph": cuda_graph and device.type == "cuda",
         "state_bytes": batch * heads * k_dim * v_dim * 4,
         "floor_us": state_floor_us(batch, heads, k_dim, v_dim),

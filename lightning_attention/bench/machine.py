@@ -9,6 +9,8 @@ import subprocess
 
 import torch
 
+from lightning_attention import settings
+
 # (label, distribution names to try): the wheels are named fla_core / lightning_attn
 _PACKAGES = (
     ("triton", ("triton",)),
@@ -81,7 +83,7 @@ def machine_info(device: torch.device | str) -> dict:
         "cpu": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "triton_interpret": os.environ.get("TRITON_INTERPRET", "0") == "1",
-        "backend": os.environ.get("LIGHTNING_ATTENTION_BACKEND", "auto"),
+        "backend": settings.current().backend,
     }
     for label, dists in _PACKAGES:
         info[label] = package_version(dists)

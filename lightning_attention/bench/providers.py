@@ -17,10 +17,10 @@ Inputs: q, k, v ~ N(0, 1) in the shape's dtype, do ~ N(0, 1), slopes ``tnl_slope
 """
 
 import contextlib
-import os
 
 import torch
 
+from lightning_attention import settings
 from lightning_attention.bench import metrics
 from lightning_attention.bench.registry import (
     BenchOp,
@@ -91,18 +91,9 @@ def _from_bhtd(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2)
 
 
-@contextlib.contextmanager
 def forced_backend(name: str):
-    """Run the public API on one backend (the switch is read at call time, see lightning_attention.backend)."""
-    old = os.environ.get("LIGHTNING_ATTENTION_BACKEND")
-    os.environ["LIGHTNING_ATTENTION_BACKEND"] = name
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ["LIGHTNING_ATTENTION_BACKEND"]
-        else:
-            os.environ["LIGHTNING_ATTENTION_BACKEND"] = old
+    """Run the public API on one backend (a settings override: it takes effect at the next call)."""
+    return settings.override(backend=name)
 
 
 def _needs_cuda(device: torch.device, what: str) -> str | None:

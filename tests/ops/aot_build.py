@@ -1,11 +1,12 @@
-"""Ahead-of-time GPU builds of the chunk-walk kernels on a machine without a GPU (notes/triton-interpreter.md §8).
+"""Ahead-of-time GPU builds of the chunk-walk kernels on a machine without a GPU (Triton compiles for any CUDA target
+without a driver).
 
 Run as a script with the interpreter off (``tests/ops/test_aot.py`` does it in a subprocess: in a process whose
 kernels were decorated under ``TRITON_INTERPRET=1`` Triton's frontend cannot compile them)::
 
     TRITON_INTERPRET=0 python -m tests.ops.aot_build '[{"cc": 90, "dtype": "bf16", "DK": 128, "DV": 128}]'
 
-Each job compiles every configuration that ``kernels.configs.select_configs`` lets the dispatcher pick for that
+Each job compiles every configuration that ``kernels.configs.walk_candidates`` lets the plan pick for that
 architecture, dtype and head dims (or only the first / last with ``"which"``), with the kernel flags given in
 ``"flags"``, and prints one JSON line per build: the configuration, ``metadata.shared`` (the compiler's own number),
 the per-block limit and the dispatcher's estimate.
@@ -18,27 +19,25 @@ import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
 
+from lightning_attention.ops.lightning.device import SHARED_PER_BLOCK as SHARED_LIMITS
 from lightning_attention.ops.lightning.kernels.configs import (
-    SHARED_LIMITS,
-    dkdv_autotune_configs,
-    dkdv_state_bytes,
+    dkdv_candidates,
     estimate_dkdv_shared_bytes,
     estimate_resident_shared_bytes,
     estimate_shared_bytes,
     inter_only_config,
     padded_dim,
-    select_configs,
-    select_dkdv_configs,
+    state_operand_bytes,
     use_dkdv_walk,
-    walk_autotune_configs,
+    walk_candidates,
     walk_tile,
 )
-from lightning_attention.ops.lightning.kernels.dkdv_walk import lightning_dkdv_kernel
-from lightning_attention.ops.lightning.kernels.walk import lightning_scan_kernel, lightning_walk_kernel
-from lightning_attention.ops.lightning.tma import TMA_MIN_CAPABILITY
+from lightning_attention.ops.lightning.kernels.dkdv_walk import dkdv_kernel
+from lightning_attention.ops.lightning.kernels.walk import lightning_scan_kernel, walk_kernel
+from lightning_attention.ops.lightning.plan import TMA_MIN_CAPABILITY
 
 ELEM_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-INTER_PREC = {"bf16": "input", "fp16": "tf32", "fp32": "ieee"}  # as chunk._precisions picks them
+INTER_PREC = {"bf16": "input", "fp16": "tf32", "fp32": "ieee"}  # as plan.precisions picks them
 _IO_POINTERS = {"q", "k", "v", "o", "do", "dk", "dv"}
 _STATE_POINTERS = {"slope", "h0", "ht", "states", "pieces", "dht", "dh0"}
 _INT_POINTERS = {"cu_seqlens", "seg_table", "seq_segs"}
@@ -86,15 +85,13 @@ def source(fn, dtype: str, constexprs: dict):
 
 
 def dispatcher_configs(cc: int, dtype: str, DK: int, DV: int, flags: dict):
-    """What the walk's pruning keeps on ``cc`` (the inter-only mode: its fixed-BT space with BT = flags["BT"])."""
+    """What the plan may launch on ``cc`` (the inter-only mode: its one configuration with BT = flags["BT"])."""
     if flags.get("INTER_ONLY"):
         return [inter_only_config(flags["BT"], DK, DV)]
-    state_only = flags.get("STATE_ONLY", False)
-    space = walk_autotune_configs(state_only=state_only)
-    return select_configs(
-        space, DK, DV, ELEM_BYTES[dtype], SHARED_LIMITS[cc], prefer=not state_only, tma=cc >= TMA_MIN_CAPABILITY,
-        state_bytes=dkdv_state_bytes(INTER_PREC[dtype]),
-    )  # fmt: skip
+    return list(walk_candidates(
+        DK, DV, ELEM_BYTES[dtype], SHARED_LIMITS[cc], state_only=flags.get("STATE_ONLY", False),
+        tma=cc >= TMA_MIN_CAPABILITY, state_bytes=state_operand_bytes(INTER_PREC[dtype]),
+    ))  # fmt: skip
 
 
 def _compile(kind: str, fn, cc: int, dtype: str, DK: int, DV: int, BT: int, BV: int, cfg, constexprs: dict,
@@ -121,15 +118,14 @@ def build_walk(cc: int, dtype: str, DK: int, DV: int, cfg, flags: dict) -> dict:
     constexprs = dict(
         DK=DK, DV=DV, BT=BT, BK=BK, BV=BV,
         VARLEN=0, REVERSE=False, HAS_DECAY=True, USE_H0=True, STORE_HT=True, SEG_IN=False, STATE_ONLY=False,
-        SKIP_FINAL=False, INTER_ONLY=False, INTER_APART=cfg.kwargs["INTER_APART"], WARP_SPEC=cfg.kwargs["WARP_SPEC"],
-        **_precision_constexprs(dtype),
+        SKIP_FINAL=False, INTER_ONLY=False, INTER_APART=cfg.kwargs["INTER_APART"], **_precision_constexprs(dtype),
     )  # fmt: skip
     inter_only = bool(flags.get("INTER_ONLY", False))
-    # as a launch there (chunk._walk): tensor descriptors on sm_90+ for whole chunks, never in the inter-only mode
+    # as a launch there (run._walk): tensor descriptors on sm_90+ for whole chunks, never in the inter-only mode
     tma = constexprs["USE_TMA"] = cc >= TMA_MIN_CAPABILITY and not inter_only
-    state_bytes = dkdv_state_bytes(INTER_PREC[dtype])
+    state_bytes = state_operand_bytes(INTER_PREC[dtype])
     estimate = estimate_shared_bytes(BT, BK, BV, cfg.num_stages, ELEM_BYTES[dtype], inter_only, tma, state_bytes)
-    fn = lightning_walk_kernel.fn  # the JITFunction under the autotuner
+    fn = walk_kernel
     result = _compile("walk", fn, cc, dtype, DK, DV, BT, BV, cfg, constexprs, flags, estimate)
     result["resident"] = estimate_resident_shared_bytes(BT, BK, BV, cfg.num_stages, ELEM_BYTES[dtype], tma)
     return result
@@ -141,17 +137,17 @@ def build_dkdv(cc: int, dtype: str, DK: int, DV: int, cfg, flags: dict) -> dict:
         DK=DK, DV=DV, BT=BT, BK=BK, BV=BV, VARLEN=0, HAS_DECAY=True, USE_H0=True, STORE_HT=True, SEG_IN=False,
         INTER_ONLY=False, **_precision_constexprs(dtype),
     )  # fmt: skip
-    state_bytes = dkdv_state_bytes(INTER_PREC[dtype])
+    state_bytes = state_operand_bytes(INTER_PREC[dtype])
     estimate = estimate_dkdv_shared_bytes(BT, BK, BV, cfg.num_stages, ELEM_BYTES[dtype], state_bytes)
-    return _compile("dkdv", lightning_dkdv_kernel.fn, cc, dtype, DK, DV, BT, BV, cfg, constexprs, flags, estimate)
+    return _compile("dkdv", dkdv_kernel, cc, dtype, DK, DV, BT, BV, cfg, constexprs, flags, estimate)
 
 
 def dkdv_jobs(cc: int, dtype: str, DK: int, DV: int) -> list:
     """What the launcher can pick for the fused dk/dv walk on ``cc`` (nothing when it falls back to two walks)."""
-    state_bytes = dkdv_state_bytes(INTER_PREC[dtype])
+    state_bytes = state_operand_bytes(INTER_PREC[dtype])
     if not use_dkdv_walk(DK, DV, ELEM_BYTES[dtype], state_bytes, SHARED_LIMITS[cc]):
         return []
-    return select_dkdv_configs(dkdv_autotune_configs(), DK, DV, ELEM_BYTES[dtype], state_bytes, SHARED_LIMITS[cc])
+    return list(dkdv_candidates(DK, DV, ELEM_BYTES[dtype], state_bytes, SHARED_LIMITS[cc]))
 
 
 def build_scan(cc: int, varlen: int) -> dict:
@@ -167,7 +163,7 @@ def build_scan(cc: int, varlen: int) -> dict:
 
 def build_ws(kind: str, cc: int, DV: int, flags: dict) -> dict:
     """A two-warpgroup kernel (Gluon, ``kernels/walk_ws.py``: ``kind`` "walk_ws" or "state_ws", the pre-pass) as
-    ``chunk._walk_ws`` / ``chunk._state_ws`` launch it, with ``flags`` over the forward's defaults."""
+    ``run._walk_ws`` / ``run._state_ws`` launch it, with ``flags`` over the forward's defaults."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from lightning_attention.ops.lightning.kernels import walk_ws

@@ -1,4 +1,4 @@
-"""Ahead-of-time compilation of the decode kernel for Hopper (sm_90), without a GPU (shared notes §8).
+"""Ahead-of-time compilation of the decode kernel for Hopper (sm_90), without a GPU (Triton compiles for any CUDA target without a driver).
 
 Run as ``python -m tests.ops.decode_aot`` in a process WITHOUT ``TRITON_INTERPRET`` (the interpreter replaces the
 kernel object, so tests/ops/test_decode.py runs this module in a subprocess). For each launch configuration the
@@ -16,7 +16,8 @@ import triton
 import triton.runtime.jit as triton_jit
 from triton.backends.compiler import GPUTarget
 
-from lightning_attention.ops.lightning.kernels import decode as kdecode
+from lightning_attention.ops.lightning import decode_triton
+from lightning_attention.ops.lightning.kernels.decode import decode_step_kernel
 
 UNIT_STRIDES = ("stride_qk", "stride_kk", "stride_vv", "stride_sv", "stride_ov")
 META = ("H", "K", "V", "BK", "BV", "HAS_DECAY", "HAS_INDICES")
@@ -33,10 +34,10 @@ CASES = [
 
 
 def compile_case(num_bh: int, K: int, V: int, dtype: str, heads: int = 16) -> dict:
-    fn = kdecode._decode_step_kernel
+    fn = decode_step_kernel
     if not isinstance(fn, triton_jit.JITFunction):
         raise RuntimeError("run without TRITON_INTERPRET=1: the interpreter replaced the kernel object")
-    block_k, block_v, num_warps = kdecode.launch_config(num_bh, K, V, H100_SMS)
+    block_k, block_v, num_warps = decode_triton.launch_config(num_bh, K, V, H100_SMS)
     signature = {n: f"*{dtype}" for n in ("q", "k", "v", "out")}
     signature.update(state="*fp32", slope="*fp32", state_indices="*i32", scale="fp32")
     constexprs = dict(H=heads, K=K, V=V, BK=block_k, BV=block_v, HAS_DECAY=True, HAS_INDICES=True)

@@ -1,8 +1,8 @@
-"""Ahead-of-time GPU builds of the kernel configurations the dispatcher can pick, for sm_80, sm_90 and sm_120.
+"""Ahead-of-time GPU builds of the kernel configurations the plan can pick, for sm_80, sm_90 and sm_120.
 
 The interpreter accepts things a GPU build rejects (dot tiles under 16, shared memory over the per-block limit, type
 errors in code paths it never takes). ``tests/ops/aot_build.py`` compiles, in a subprocess with the interpreter off,
-what ``kernels.configs.select_configs`` lets the dispatcher pick on each architecture; every build's shared memory
+what ``kernels.configs.walk_candidates`` lets the plan pick on each architecture; every build's shared memory
 (``metadata.shared``, the compiler's number) must be within the architecture's per-block limit and within the
 estimate the dispatcher filtered with.
 
@@ -126,14 +126,23 @@ def test_occupancy_estimate_covers_the_compiled_forward_walks(ci_builds):
         assert r["shared"] <= r["resident"], r
 
 
+def _first(d, state_bytes=2, **kw):
+    """The first candidate of the main walk at K = V = d on an H100 with descriptors (bf16)."""
+    from lightning_attention.ops.lightning.device import SHARED_PER_BLOCK
+    from lightning_attention.ops.lightning.kernels.configs import walk_candidates
+
+    return walk_candidates(d, d, 2, SHARED_PER_BLOCK[90], state_only=False, tma=True, state_bytes=state_bytes, **kw)[0]
+
+
 def test_walk_programs_per_sm_on_an_h100():
-    """Programs per SM of the first configuration the dispatcher tries (bf16, sm_90: 233,472 B of shared memory per
-    SM), with tensor descriptors as an H100 launches them: four stages at K = 128 hold 180 KB (one program), K = 64 is
+    """Programs per SM of the first configuration the plan tries (bf16, sm_90: 233,472 B of shared memory per SM),
+    with tensor descriptors as an H100 launches them: four stages at K = 128 hold 180 KB (one program), K = 64 is
     bound by registers (two 4-warp programs of 255 registers), K = 256 runs one program."""
-    from lightning_attention.ops.lightning.kernels.configs import SHARED_LIMITS, SHARED_PER_SM, walk_programs_per_sm
+    from lightning_attention.ops.lightning.device import SHARED_PER_SM
+    from lightning_attention.ops.lightning.kernels.configs import walk_programs_per_sm
 
     def per_sm(d):
-        return walk_programs_per_sm(d, d, 2, SHARED_LIMITS[90], SHARED_PER_SM[90], tma=True)
+        return walk_programs_per_sm(_first(d), d, 2, SHARED_PER_SM[90], tma=True)
 
     assert (per_sm(64), per_sm(128), per_sm(256)) == (2, 1, 1)
 
@@ -141,10 +150,9 @@ def test_walk_programs_per_sm_on_an_h100():
 def test_walk_first_config_tile_width_on_an_h100():
     """The value tile the segment plan counts programs with (bf16, sm_90, descriptors): 64 wide at K = 64 and 128;
     at K = 256 the 32-wide 4-warp tile where the state operand is bf16, 64 wide (8 warps) where it is fp32 (fp16)."""
-    from lightning_attention.ops.lightning.kernels.configs import SHARED_LIMITS, walk_first_config
 
     def tile(d, state_bytes):
-        cfg = walk_first_config(d, d, 2, SHARED_LIMITS[90], tma=True, state_bytes=state_bytes)
+        cfg = _first(d, state_bytes)
         return cfg.kwargs["BV"], cfg.num_warps
 
     assert [tile(64, 2), tile(128, 2), tile(256, 2), tile(256, 4)] == [(64, 4), (64, 4), (32, 4), (64, 8)]
@@ -193,7 +201,8 @@ def test_inter_only_chunks_of_256_fit(ci_builds, cc):
 
 
 def test_inter_only_fit_rule():
-    from lightning_attention.ops.lightning.kernels.configs import SHARED_LIMITS, inter_only_fits
+    from lightning_attention.ops.lightning.device import SHARED_PER_BLOCK as SHARED_LIMITS
+    from lightning_attention.ops.lightning.kernels.configs import inter_only_fits
 
     for cc in (80, 90):
         assert inter_only_fits(256, 128, 128, 2, SHARED_LIMITS[cc]) and inter_only_fits(256, 128, 16, 2, SHARED_LIMITS[cc])
@@ -207,10 +216,14 @@ def test_inter_only_mode_runs_one_configuration():
     """The inter-only mode is not autotuned (autotuning it faulted on an H100, see configs._FIXED_BT_CONFIG): one
     configuration, passed explicitly, in the shape class that was right on an H100: tiles of >= 128 tokens, at least
     32 wide in K and V (a 16-wide head dim is a masked half tile), 8 warps."""
+    from lightning_attention.ops.lightning import run
+    from lightning_attention.ops.lightning.device import H100
     from lightning_attention.ops.lightning.kernels.configs import inter_only_block_k, inter_only_config, inter_only_tile
-    from lightning_attention.ops.lightning.kernels.walk import lightning_inter_walk_kernel
+    from tests.ops.test_plan import problem
 
-    assert not hasattr(lightning_inter_walk_kernel, "configs")  # a plain kernel: nothing can skip a pruning hook
+    (walk,) = run.forward_program(problem(B=2, T=4096, inter_chunk=64, device=H100, segment_len=0)).launches
+    assert not hasattr(walk.launcher.kernel, "configs")  # the plain kernel, its configuration passed explicitly
+    assert (walk.constexprs["BT"], walk.constexprs["num_warps"]) == (128, 8)
     cases = (  # (chunk size, DK, DV) -> (BT, BV, num_warps, num_stages)
         ((64, 128, 16), (128, 32, 8, 1)),
         ((64, 16, 128), (128, 32, 8, 1)),
@@ -230,102 +243,83 @@ def test_inter_only_mode_runs_one_configuration():
 def test_walk_tiles_are_at_least_64_wide_where_they_fit():
     """Tiles narrower than 64 faulted or computed wrong values on an H100 (configs.WALK_MIN_TILE): on sm_90 no
     selection has one, for any head dims; elsewhere one appears only where nothing wider fits, and with 8 warps."""
-    from lightning_attention.ops.lightning.kernels.configs import (
-        SHARED_LIMITS,
-        WALK_MIN_TILE,
-        select_configs,
-        walk_autotune_configs,
-        walk_tile,
-    )
+    from lightning_attention.ops.lightning.device import SHARED_PER_BLOCK
+    from lightning_attention.ops.lightning.kernels.configs import WALK_MIN_TILE, walk_candidates, walk_tile
 
     dims = ((128, 16), (16, 128), (16, 16), (64, 32), (32, 64), (32, 32), (128, 32), (48, 40), (256, 256), (256, 32))
-    for cc, limit in SHARED_LIMITS.items():
+    for cc, limit in SHARED_PER_BLOCK.items():
         for dk, dv in dims:
             assert walk_tile(dk) >= WALK_MIN_TILE
             for state_only in (False, True):
-                space = walk_autotune_configs(state_only=state_only)
-                cfgs = select_configs(space, dk, dv, 2, limit, prefer=not state_only)
+                cfgs = walk_candidates(dk, dv, 2, limit, state_only=state_only, tma=False, state_bytes=4)
                 narrow = [c for c in cfgs if c.kwargs["BV"] < WALK_MIN_TILE]
                 assert cfgs and all(c.num_warps == 8 for c in narrow), (cc, dk, dv, state_only, cfgs)
                 if cc == 90:
                     assert not narrow, (dk, dv, state_only, cfgs)
-    wide = select_configs(walk_autotune_configs(), 128, 128, 2, SHARED_LIMITS[90], prefer=True)
+    wide = walk_candidates(128, 128, 2, SHARED_PER_BLOCK[90], state_only=False, tma=False, state_bytes=4)
     assert any(c.num_warps == 4 for c in wide)  # the mainstream configurations keep their 4 warps
+
+
+def _shapes(cfgs):
+    return [(c.kwargs["BT"], c.kwargs["BV"], c.num_warps, c.num_stages) for c in cfgs]
 
 
 def test_narrow_tile_admitted_only_with_descriptors_where_it_fits():
     """configs.TMA_NARROW_TILES: the 32-wide 4-warp tile at K = 256 only with descriptors, and only where its shared
     memory fits (bf16 inputs; fp16's state operand is fp32 and takes 16 KB more than the 227 KB an H100 block has)."""
-    from lightning_attention.ops.lightning.kernels.configs import (
-        SHARED_LIMITS,
-        TMA_NARROW_TILES,
-        select_configs,
-        walk_autotune_configs,
-    )
+    from lightning_attention.ops.lightning.device import SHARED_PER_BLOCK
+    from lightning_attention.ops.lightning.kernels.configs import TMA_NARROW_TILES, walk_candidates
 
-    def shapes(**kw):
-        cfgs = select_configs(walk_autotune_configs(), 256, 256, 2, SHARED_LIMITS[90], prefer=True, **kw)
-        return [(c.kwargs["BT"], c.kwargs["BV"], c.num_warps, c.num_stages) for c in cfgs]
+    def shapes(tma, state_bytes=4):
+        return _shapes(walk_candidates(256, 256, 2, SHARED_PER_BLOCK[90], state_only=False, tma=tma,
+                                       state_bytes=state_bytes))  # fmt: skip
 
     narrow = TMA_NARROW_TILES[256][0]
     assert shapes(tma=True, state_bytes=2)[0] == narrow
     assert narrow not in shapes(tma=True, state_bytes=4)  # fp16 / fp32 state operand: does not fit
-    assert narrow not in shapes(tma=False)  # through pointers this tile faulted (h100-2026-11-22o)
+    assert narrow not in shapes(tma=False)  # through pointers this tile faulted on an H100
 
 
-def test_pinned_probe_flag_reaches_the_walk(monkeypatch):
-    """A pin's probe flag (``warp_spec=1``: kernels/walk.py WARP_SPEC) survives the pruning that clamps the tile, the
-    tuned space carries it off (every configuration names it: the direct launcher refuses defaulted constexprs), and
-    an unknown key is refused."""
-    from lightning_attention.ops.lightning.kernels.configs import (
-        ENV_CONFIG,
-        SHARED_LIMITS,
-        select_configs,
-        walk_autotune_configs,
-    )
+def test_pinned_configuration_goes_through_the_selector():
+    """A pin replaces the space but is clamped and checked like a tuned configuration: BV clamped to the value tile,
+    a narrow tile re-warped to 8 warps (the rule it would otherwise break), the pre-pass pinned too."""
+    from lightning_attention.ops.lightning.device import SHARED_PER_BLOCK
+    from lightning_attention.ops.lightning.kernels.configs import walk_candidates
 
-    for state_only in (False, True):
-        assert all(c.kwargs["WARP_SPEC"] is False for c in walk_autotune_configs(state_only=state_only))
-    monkeypatch.setenv(ENV_CONFIG, "BT=64,BV=64,num_warps=4,num_stages=4,warp_spec=1")
-    (pinned,) = walk_autotune_configs()
-    assert pinned.kwargs["WARP_SPEC"] is True
-    (kept,) = select_configs([pinned], 128, 40, 2, SHARED_LIMITS[90], prefer=True, tma=True)
-    assert (kept.kwargs["BV"], kept.kwargs["WARP_SPEC"]) == (64, True)
-    monkeypatch.setenv(ENV_CONFIG, "BT=64,warp_specialise=1")
-    with pytest.raises(ValueError, match="unknown key"):
-        walk_autotune_configs()
+    def pinned(pin, dv=40, **kw):
+        return _shapes(walk_candidates(128, dv, 2, SHARED_PER_BLOCK[90], tma=True, state_bytes=2, pin=pin, **kw))
+
+    assert pinned((64, 128, 4, 4), state_only=False) == [(64, 64, 4, 4)]  # V = 40: one 64-wide tile
+    assert pinned((64, 128, 4, 4), state_only=True) == [(64, 64, 4, 4)]
+    assert pinned((64, 32, 4, 1), dv=128, state_only=False) == [(64, 32, 8, 1)]
 
 
 def test_head_dim_preferences_come_first_where_they_fit():
-    """configs.PREFERRED_BY_BK (PREFERRED_BY_BK_TMA with tensor descriptors) leads the main walk's tuning on sm_90
-    (measured and checked there), narrow heads take the preferences of their 64-wide tile, and the pre-pass keeps
-    its own space (the pruning hook tells them apart by STATE_ONLY)."""
-    import torch
-
+    """configs.PREFERRED_BY_BK (PREFERRED_BY_BK_TMA with tensor descriptors) leads the main walk's candidates on sm_90
+    (measured and checked there), narrow heads take the preferences of their 64-wide tile, and the pre-pass keeps its
+    own space, without preference."""
+    from lightning_attention.ops.lightning.device import SHARED_PER_BLOCK
     from lightning_attention.ops.lightning.kernels.configs import (
+        _STATE_SPACE,
         PREFERRED_BY_BK,
         PREFERRED_BY_BK_TMA,
-        SHARED_LIMITS,
-        select_configs,
-        walk_autotune_configs,
-        walk_prune_configs,
+        walk_candidates,
     )
 
-    def shapes(cfgs):
-        return [(c.kwargs["BT"], c.kwargs["BV"], c.num_warps, c.num_stages) for c in cfgs]
-
+    limit = SHARED_PER_BLOCK[90]
     for tma, table in ((False, PREFERRED_BY_BK), (True, PREFERRED_BY_BK_TMA)):
         for bk, preferred in table.items():  # bf16 inputs: the state is the inter product's bf16 operand
-            got = shapes(
-                select_configs(walk_autotune_configs(), bk, bk, 2, SHARED_LIMITS[90], prefer=True, tma=tma, state_bytes=2)
-            )
+            got = _shapes(walk_candidates(bk, bk, 2, limit, state_only=False, tma=tma, state_bytes=2))
             assert got == list(preferred), (bk, tma, got)
-    space = walk_autotune_configs()
-    assert shapes(select_configs(space, 32, 48, 2, SHARED_LIMITS[90], prefer=True)) == list(PREFERRED_BY_BK[64])
-    q = torch.empty(0, dtype=torch.bfloat16)  # a CPU tensor: no shared-memory limit, the order alone decides
-
-    def hook(state_only):
-        return shapes(walk_prune_configs(space, {"q": q}, DK=64, DV=64, STATE_ONLY=state_only))
-
-    assert hook(False) == list(PREFERRED_BY_BK[64])
-    assert hook(True) == shapes(select_configs(space, 64, 64, 2, None))  # no preference for the pre-pass
+    assert _shapes(walk_candidates(32, 48, 2, limit, state_only=False, tma=False, state_bytes=4)) == list(
+        PREFERRED_BY_BK[64]
+    )
+    # no limit known (the interpreter): the order alone decides
+    assert _shapes(walk_candidates(64, 64, 2, None, state_only=False, tma=False, state_bytes=2)) == list(
+        PREFERRED_BY_BK[64]
+    )
+    # the pre-pass's space in its order, the 32-wide tile (descriptors only) left out, BV clamped to the 64-wide tile
+    assert _STATE_SPACE[:3] == ((64, 32, 4, 3), (64, 128, 8, 3), (64, 64, 4, 3))
+    assert _shapes(walk_candidates(64, 64, 2, None, state_only=True, tma=False, state_bytes=2)) == [
+        (64, 64, 8, 3), (64, 64, 4, 3)
+    ]

@@ -12,8 +12,8 @@ from tests.ops.test_naive import make_inputs, make_slope
 
 
 @pytest.fixture(autouse=True)
-def torch_backend(monkeypatch):
-    monkeypatch.setenv("LIGHTNING_ATTENTION_BACKEND", "torch")
+def torch_backend(configure):
+    configure(backend="torch")
 
 
 def test_public_api_is_pinned():

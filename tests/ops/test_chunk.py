@@ -3,17 +3,17 @@
 Without a GPU the kernels run under the Triton interpreter (tests/conftest.py), so the shapes are small; with a GPU
 the same cases run compiled. Every case compares with ``naive.quadratic_lightning_attn`` in float64 computed from the
 same rounded inputs, with the loss ``(o·do).sum() + (final_state·dht).sum()`` so that dh0 and the path through the
-final state are covered, and the relative-L2 tolerance of DESIGN §5 for the input dtype.
+final state are covered, and the relative-L2 tolerance of the input dtype (docs/design.md, "Testing discipline").
+The plan's rules and the launch programs are tested without kernels in tests/ops/test_plan.py.
 """
 
-import inspect
 from dataclasses import dataclass
 
 import pytest
 import torch
 
 import lightning_attention as la
-from lightning_attention.ops.lightning import chunk, naive
+from lightning_attention.ops.lightning import naive
 from lightning_attention.utils.testing import assert_close
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -41,8 +41,8 @@ class Case:
     final: bool = True
     cu: tuple | None = None  # varlen offsets (B == 1)
     cu_cpu: bool = False  # also pass cu_seqlens_cpu
-    seg: int | None = None  # LIGHTNING_ATTENTION_SEGMENT_LEN: force segments at small T
-    piece: int | None = None  # LIGHTNING_ATTENTION_PREPASS_LEN: the pre-pass on pieces of the segments
+    seg: int | None = None  # the segment_len setting: force segments at small T
+    piece: int | None = None  # the prepass_len setting: the pre-pass on pieces of the segments
     strided: bool = False  # q, k, v, u split from one fused projection
 
 
@@ -81,12 +81,6 @@ CASES = [
 ]
 
 
-@pytest.fixture
-def triton_backend(monkeypatch):
-    monkeypatch.setenv("LIGHTNING_ATTENTION_BACKEND", "triton")
-    return monkeypatch
-
-
 def make_inputs(case: Case, seed: int = 0):
     """Returns q, k, v (leaf tensors, or strided views of a fused leaf), slope, h0, cu_seqlens, and their leaves."""
     g = torch.Generator().manual_seed(seed)
@@ -107,11 +101,8 @@ def make_inputs(case: Case, seed: int = 0):
     return q, k, v, slope, h0, cu, leaves
 
 
-def check_case(case: Case, monkeypatch, backward: str = "chunk"):
-    if case.seg is not None:
-        monkeypatch.setenv("LIGHTNING_ATTENTION_SEGMENT_LEN", str(case.seg))
-    if case.piece is not None:
-        monkeypatch.setenv("LIGHTNING_ATTENTION_PREPASS_LEN", str(case.piece))
+def check_case(case: Case, configure, backward: str = "chunk"):
+    configure(segment_len=case.seg, prepass_len=case.piece)
     q, k, v, slope, h0, cu, leaves = make_inputs(case)
     cu_cpu = cu.cpu() if case.cu_cpu else None
     o, ht = la.lightning_attn(
@@ -169,20 +160,10 @@ EIGHT_WARP_CASES = [c for c in CASES if c.id in {
 @pytest.mark.parametrize("case", EIGHT_WARP_CASES, ids=lambda c: c.id)
 def test_walk_with_inter_product_apart_matches_float64(case, triton_backend):
     """The walk's form for 8 warps (``INTER_APART``: q·S added after the intra product, not its accumulator), which
-    the K = 256 walks use on a GPU: here the walk's space is cut to its 8-warp configurations before the pruning (the
-    autotuner picks among them on a GPU, takes the first on the CPU), in the forward walk and the backward's
-    dq / dk / dv walks."""
-    from lightning_attention.ops.lightning.kernels import walk
-
-    kernel = walk.lightning_walk_kernel
-    prune = kernel.early_config_prune
-    triton_backend.setattr(
-        kernel, "early_config_prune", lambda cfgs, nargs, **kw: prune([c for c in cfgs if c.num_warps == 8], nargs, **kw)
-    )
-    triton_backend.setattr(kernel, "cache", {})  # the autotuner's choices per key
+    the K = 256 walks use on a GPU: a pinned 8-warp configuration, in the forward walk, the pre-pass and the
+    backward's dq / dk / dv walks."""
+    triton_backend(kernel_config="BT=64,BV=64,num_warps=8,num_stages=2")
     check_case(case, triton_backend)
-    chosen = walk.lightning_walk_kernel.best_config
-    assert chosen.num_warps == 8 and chosen.kwargs["INTER_APART"] is True
 
 
 POINTER_CASES = [c for c in CASES if c.id in {
@@ -194,10 +175,10 @@ POINTER_CASES = [c for c in CASES if c.id in {
 
 @pytest.mark.parametrize("case", POINTER_CASES, ids=lambda c: c.id)
 def test_walk_through_pointers_matches_float64(case, triton_backend):
-    """The walk's loads and stores through pointers and masks (``LIGHTNING_ATTENTION_TMA=0``): what GPUs before sm_90
-    and tensors off TMA's 16-byte rules run. Every other case here runs the tensor-descriptor path wherever the
-    tensors allow it, as an sm_90 GPU does (ops/lightning/tma.py)."""
-    triton_backend.setenv("LIGHTNING_ATTENTION_TMA", "0")
+    """The walk's loads and stores through pointers and masks (the ``tma`` setting off): what GPUs before sm_90 and
+    tensors off TMA's 16-byte rules run. Every other case here runs the tensor-descriptor path wherever the tensors
+    allow it, as an sm_90 GPU does (``plan.tma_ready``)."""
+    triton_backend(tma=False)
     check_case(case, triton_backend)
 
 
@@ -207,7 +188,7 @@ def test_segmented_equals_unsegmented_path_in_fp32(triton_backend):
     case = Case("seg16", T=97, K=32, V=32, decay="none")
     q, k, v, slope, h0, _, _ = make_inputs(case)
     o1, h1 = la.lightning_attn(q, k, v, slope, initial_state=h0, output_final_state=True)
-    triton_backend.setenv("LIGHTNING_ATTENTION_SEGMENT_LEN", "16")
+    triton_backend(segment_len=16)
     o2, h2 = la.lightning_attn(q, k, v, slope, initial_state=h0, output_final_state=True)
     assert_close("o", o2, o1.detach(), 1e-6)
     assert_close("final_state", h2, h1.detach(), 1e-6)
@@ -223,8 +204,8 @@ def test_segmented_equals_unsegmented_path_in_fp32(triton_backend):
     ids=lambda c: c.id,
 )  # fmt: skip
 def test_two_walk_backward_on_segments_matches_float64(case, triton_backend):
-    """dk and dv from the two reverse walks (the default) with ``LIGHTNING_ATTENTION_DKDV=0`` set explicitly."""
-    triton_backend.setenv("LIGHTNING_ATTENTION_DKDV", "0")
+    """dk and dv from the two reverse walks (the default) with ``fused_dkdv=False`` set explicitly."""
+    triton_backend(fused_dkdv=False)
     check_case(case, triton_backend)
 
 
@@ -233,93 +214,14 @@ FUSED_CASES = [c for c in CASES if max(c.K, c.V) <= 128 and c.T > 0]
 
 @pytest.mark.parametrize("case", FUSED_CASES, ids=lambda c: c.id)
 def test_fused_dkdv_walk_matches_float64(case, triton_backend):
-    """The opt-in fused dk/dv walk (``LIGHTNING_ATTENTION_DKDV=1``) on every case it applies to (head dims <= 128),
+    """The opt-in fused dk/dv walk (the ``fused_dkdv`` setting) on every case it applies to (head dims <= 128),
     segmented, varlen and strided ones included."""
-    triton_backend.setenv("LIGHTNING_ATTENTION_DKDV", "1")
+    triton_backend(fused_dkdv=True)
     check_case(case, triton_backend)
 
 
-@pytest.mark.parametrize(
-    "length, programs, expected",
-    [
-        (2048, 1024, 0),  # grid (a) at 2K: 1024 programs already fill 264 slots
-        (8192, 256, 0),  # one round of 256 programs either way: the pre-pass would only add work
-        (16384, 128, 8192),  # 128 programs -> 256 programs of 8K
-        (32768, 64, 8192),  # 64 -> 256
-        (131072, 32, 16384),  # batch 1, 16 heads: 32 -> 256
-        (1 << 20, 32, 131072),
-        (4096, 32, 1024),  # short sequences: segments no shorter than the workspace bound
-    ],
-)
-def test_segment_length_rule(length, programs, expected):
-    """The segment plan on a 132-SM GPU (2 walk programs per SM), segments of at least 1,024 tokens (bf16, V = 128)."""
-    assert chunk.best_segment_len(length, programs, slots=264, min_len=1024) == expected
-
-
-@pytest.mark.parametrize(
-    "length, programs, expected",
-    [
-        (16384, 128, 0),  # B = 4: 128 programs fit 132 SMs at one program each: whole sequences, no pre-pass
-        (32768, 64, 16384),  # B = 2: 2 segments of 16K (4 of 8K would run in 2 rounds: no faster, 3/4 pre-pass)
-        (65536, 32, 16384),  # B = 1: 4 of 16K
-        (8192, 256, 0),
-        (65536, 128, 0),  # K = 256, bf16, B = 1: 16 heads x 8 value tiles of 32 fill 132 SMs in one round
-    ],
-)
-def test_segment_length_rule_at_one_program_per_sm(length, programs, expected):
-    """The plan on an H100 with the K = 128 walk's three-stage configuration (131 KB: one program per SM, 132 slots).
-    H100, bf16, B·T = 64K (benchmarks/results/h100-2026-11-22v/seg_probe_occ_*): whole 16K sequences fwd 0.463 ms
-    against 0.647 in 2 segments."""
-    assert chunk.best_segment_len(length, programs, slots=132, min_len=1024) == expected
-
-
-@pytest.mark.parametrize(
-    "dims, programs, expected",
-    [
-        ((64, 64), 128, True),  # K = V = 64, 8 × 8K, 16 heads on 132 SMs: whole (256 segments ran 19% slower)
-        ((64, 64), 64, False),  # 4 × 16K: 64 programs leave SMs idle, segments as the model says
-        ((32, 64), 200, True),
-        ((128, 128), 256, False),  # K = 128 is left to the model (not bound by bandwidth at one program per SM)
-        ((64, 128), 1000, False),
-    ],
-)
-def test_bandwidth_bound_walks_that_fill_every_sm_stay_whole(dims, programs, expected):
-    assert chunk.fills_every_sm_once(*dims, programs, sms=132) == expected
-
-
-@pytest.mark.parametrize(
-    "seg_len, programs, expected",
-    [
-        (16384, 32, 8),  # B = 2, T = 32K: 2 segments, the first walked, 16 heads -> 8 pieces of 2,048 (the bound)
-        (16384, 48, 8),  # B = 1, T = 64K: 4 segments, 3 walked
-        (8192, 1024, 1),  # enough programs already
-        (8192, 128, 4),  # 528 / 128 -> 5 wanted, 4 allowed by the bound
-        (2048, 16, 1),  # nothing shorter than the bound
-        (3008, 16, 1),  # 47 chunks of 64: no divisor within the bound
-    ],
-)
-def test_prepass_split_rule(seg_len, programs, expected):
-    """Pre-pass pieces on a 132-SM GPU (264 pre-pass slots): up to twice that many programs, pieces of at least
-    2,048 tokens (bf16, V = 128: their states within 12.5% of one input)."""
-    split = chunk.prepass_split(seg_len, programs, slots=264, min_piece=2048)
-    assert split == expected
-    assert (seg_len // 64) % split == 0
-
-
-def test_waves_key_tells_grids_that_fit_one_program_per_sm(monkeypatch):
-    """The walk autotuner's WAVES key (kernels/walk.py): 1 for a grid that fits a 132-SM GPU at one program per SM,
-    2 for a larger one; 1 on the CPU."""
-    from types import SimpleNamespace
-
-    monkeypatch.setattr(chunk, "_sm_count", lambda index: 132)
-    gpu = SimpleNamespace(is_cuda=True, device=SimpleNamespace(index=0))
-    assert (chunk._waves(gpu, 128), chunk._waves(gpu, 132), chunk._waves(gpu, 133)) == (1, 1, 2)
-    assert chunk._waves(torch.empty(0), 10_000) == 1
-
-
 def test_prepass_len_must_divide_the_segment(triton_backend):
-    triton_backend.setenv("LIGHTNING_ATTENTION_SEGMENT_LEN", "64")
-    triton_backend.setenv("LIGHTNING_ATTENTION_PREPASS_LEN", "48")
+    triton_backend(segment_len=64, prepass_len=48)
     q = torch.randn(1, 130, 1, 16, device=DEVICE)
     with pytest.raises(ValueError, match="PREPASS_LEN"):
         la.lightning_attn(q, q, q, None)
@@ -342,18 +244,9 @@ def test_gradcheck_float64_on_triton_path(triton_backend):
     assert torch.autograd.gradcheck(fn, (q, k, v, h0), fast_mode=True)
 
 
-def test_recompute_backward_dispatch(triton_backend):
-    """backward='recompute' goes to recompute.recompute_backward, or says clearly that it is missing."""
-    case = Case("recompute", T=40, K=16, V=16)
-    try:
-        import lightning_attention.ops.lightning.recompute  # noqa: F401
-    except ImportError:
-        q, k, v, slope, h0, _, _ = make_inputs(case)
-        o, _ = la.lightning_attn(q, k, v, slope, initial_state=h0, backward="recompute")
-        with pytest.raises(NotImplementedError, match="recompute_backward"):
-            o.sum().backward()
-        return
-    check_case(case, triton_backend, backward="recompute")
+def test_recompute_backward_matches_float64(triton_backend):
+    """backward='recompute': the recompute backward under the chunk forward, every gradient against float64."""
+    check_case(Case("recompute", T=40, K=16, V=16), triton_backend, backward="recompute")
 
 
 @pytest.mark.parametrize("K, V", [(16, 257), (300, 16)])
@@ -374,7 +267,7 @@ def test_no_grad_inputs_and_repeatability(triton_backend):
     assert torch.equal(o1, o2) and torch.equal(h1, h2)
 
 
-# inter-only mode (the linear half of hybrid chunk attention, issue 7)
+# inter-only mode (the linear half of hybrid chunk attention)
 
 
 def inter_only_reference(q, k, v, slope, *, chunk_size, scale, initial_state, cu_seqlens=None):
@@ -416,11 +309,10 @@ INTER_CASES = [
 
 @pytest.mark.parametrize("case", INTER_CASES, ids=lambda c: c.id)
 def test_inter_only_mode(case, triton_backend):
-    from lightning_attention.ops.lightning.chunk import lightning_attn_inter_triton
+    from lightning_attention.ops.lightning.ops import lightning_attn_inter_triton
 
     chunk_size = {"inter-fp32-C32-T100": 32, "inter-bf16-C64-T150": 64}.get(case.id, 48 if "C48" in case.id else 16)
-    if case.seg is not None:
-        triton_backend.setenv("LIGHTNING_ATTENTION_SEGMENT_LEN", str(case.seg))
+    triton_backend(segment_len=case.seg)
     q, k, v, slope, h0, cu, leaves = make_inputs(case)
     cu_cpu = cu.cpu() if case.cu_cpu else None
     o, ht = lightning_attn_inter_triton(
@@ -443,84 +335,9 @@ def test_inter_only_mode(case, triton_backend):
         assert_close(name, got, ref, case.dtype)
 
 
-def test_every_launch_names_all_its_constexprs(triton_backend):
-    """The direct launcher (kernels/launch.py) takes a compiled kernel only when every argument after the positional
-    ones is passed or chosen by the autotuner; a defaulted one sends every launch through Triton's slower path, which
-    only shows on a GPU (h100-2026-11-22z36: a walk flag with a default doubled K = 64's fwd+bwd). Every launch of
-    the forward, both backwards, the pre-pass, the scan and the inter-only walk, against every configuration its
-    autotuner may choose, and the two-warpgroup walk's and pre-pass's launch arguments."""
-    from lightning_attention.ops.lightning.chunk import lightning_attn_inter_triton
-
-    launchers = [chunk._WALK, chunk._STATE, chunk._INTER_WALK, chunk._SCAN, chunk._DKDV, chunk._DKDV_FIXED_BT]
-    seen = []
-    real_launch = chunk.replay.launch
-
-    def recording_launch(launcher, grid, args, constexprs, x):
-        seen.append((launcher, len(args), dict(constexprs)))
-        real_launch(launcher, grid, args, constexprs, x)
-
-    triton_backend.setattr(chunk.replay, "launch", recording_launch)
-    triton_backend.setenv("LIGHTNING_ATTENTION_REPLAY", "0")  # every call plans and launches
-    triton_backend.setenv("LIGHTNING_ATTENTION_SEGMENT_LEN", "32")
-    q, k, v, slope, h0, _, _ = make_inputs(Case("launches", T=70, K=32, V=32, h0=True))
-    for dkdv in ("0", "1"):
-        triton_backend.setenv("LIGHTNING_ATTENTION_DKDV", dkdv)
-        o, ht = la.lightning_attn(q, k, v, slope, initial_state=h0, output_final_state=True)
-        torch.autograd.grad(o.sum() + ht.sum(), (q, k, v, h0))
-    o, ht = lightning_attn_inter_triton(q, k, v, slope, chunk_size=32, initial_state=h0, output_final_state=True)
-    torch.autograd.grad(o.sum() + ht.sum(), (q, k, v, h0))
-    if chunk.walk_ws.lightning_walk_ws_kernel is not None:
-        # the two-warpgroup kernels (sm_90 only, never launched here): their launch arguments as built for the GPU,
-        # recorded without a launch
-        triton_backend.setattr(chunk.replay, "launch", lambda launcher, grid, args, constexprs, x: seen.append(
-            (launcher, len(args), dict(constexprs))))  # fmt: skip
-        B, T, H = 1, 128, 2
-        q2, k2, v2 = (torch.zeros(B, T, H, 256, dtype=torch.bfloat16) for _ in range(3))
-        plan = chunk.SegmentPlan(varlen=0, segmented=True, total=2, per_seq=2, seg_len=64)
-        states = torch.zeros(2, H, 256, 256)
-        chunk._walk_ws(q2, k2, v2, torch.empty_like(v2), slope=slope, h0=None, ht=None, states=states, plan=plan,
-                       T=T, H=H, scale_intra=1.0, scale_inter=1.0, scale_upd=1.0, reverse=True)  # fmt: skip
-        chunk._state_ws(k2, v2, states, slope=slope, plan=plan, T=T, H=H, scale_upd=1.0, reverse=False,
-                        skip_final=True)  # fmt: skip
-        launchers += [chunk._WALK_WS, chunk._STATE_WS]
-
-    assert {id(launcher) for launcher, _, _ in seen} == {id(launcher) for launcher in launchers}
-    for launcher, num_args, constexprs in seen:
-        cache = launcher.cache
-        # a JITFunction on a GPU; the interpreter's kernel is the Python function itself
-        names = getattr(cache.jit, "arg_names", None) or list(inspect.signature(cache.jit).parameters)
-        names = names[num_args:]
-        assert names, cache.name
-        choices = getattr(cache.kernel, "configs", None) or [None]  # an Autotuner's space, else no choice
-        for config in choices:
-            given = {**constexprs, **(config.kwargs if config is not None else {})}
-            missing = [n for n in names if n not in given]
-            assert not missing, (cache.name, missing)
-
-
 def test_inter_only_rejects_bad_chunk_size():
-    from lightning_attention.ops.lightning.chunk import lightning_attn_inter_triton
+    from lightning_attention.ops.lightning.ops import lightning_attn_inter_triton
 
     q = torch.randn(1, 8, 1, 16, device=DEVICE)
     with pytest.raises(ValueError, match="chunk_size"):
         lightning_attn_inter_triton(q, q, q, None, chunk_size=24)
-
-
-def test_auto_backward_picks_recompute_below_128kb_of_shared_memory(monkeypatch):
-    """backward="auto": the recompute backward on GPUs with < 128 KB of shared memory per block (sm_86/89/120),
-    the chunk backward on sm_80/sm_90 and off CUDA; explicit choices are obeyed."""
-    from types import SimpleNamespace
-
-    from lightning_attention.ops.lightning import chunk
-
-    cuda = torch.device("cuda", 0)
-    for smem, expected in ((101_376, True), (166_912, False), (232_448, False)):
-        monkeypatch.setattr(
-            torch.cuda, "get_device_properties", lambda device, smem=smem: SimpleNamespace(shared_memory_per_block_optin=smem)
-        )
-        chunk._small_shared_memory.cache_clear()  # the property is cached per device
-        assert chunk._use_recompute_backward("auto", cuda) is expected
-    chunk._small_shared_memory.cache_clear()
-    assert chunk._use_recompute_backward("auto", torch.device("cpu")) is False
-    assert chunk._use_recompute_backward("recompute", torch.device("cpu")) is True
-    assert chunk._use_recompute_backward("chunk", cuda) is False

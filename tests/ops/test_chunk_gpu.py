@@ -17,8 +17,8 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(autouse=True)
-def triton_backend(monkeypatch):
-    monkeypatch.setenv("LIGHTNING_ATTENTION_BACKEND", "triton")
+def _triton(triton_backend):
+    return triton_backend
 
 
 def _inputs(B, T, H, K, V, dtype, seed=0, N=None):
@@ -110,8 +110,8 @@ def test_autocast_bf16_region():
 @pytest.mark.parametrize("V, C", [(16, 64), (32, 128), (48, 64), (128, 64), (128, 256), (129, 128)])
 def test_inter_only_mode_on_gpu(V, C):
     """The inter-only mode (hybrid attention) at the hybrid bench's head count against the PyTorch inter path, fwd and
-    grads. These shapes faulted on an H100 while the mode was autotuned (kernels/configs.py, _FIXED_BT_CONFIG)."""
-    from lightning_attention.ops.lightning.chunk import lightning_attn_inter_triton
+    grads. These shapes faulted on an H100 while the mode was autotuned (docs/kernels.md, "The inter-only tiles")."""
+    from lightning_attention.ops.lightning.ops import lightning_attn_inter_triton
     from lightning_attention.ops.lightning.inter import inter_lightning_attn_torch
 
     B, T, H, K = 1, 1024, 16, 128
@@ -128,60 +128,62 @@ def test_inter_only_mode_on_gpu(V, C):
 
 @pytest.mark.parametrize("segment_len", [0, 256])
 @pytest.mark.parametrize("K, V", [(64, 64), (64, 32), (32, 64), (32, 32), (128, 32), (256, 256), (256, 64)])
-def test_head_dims_against_float64(K, V, segment_len, monkeypatch):
+def test_head_dims_against_float64(K, V, segment_len, configure):
     """Small, narrow and large head dims, whole sequences and segments of 256 tokens, autotuned as in use. On an H100
     (triton 3.6) a 32-wide tile with 4 warps computed wrong values at K = V = 64 and faulted at (K, V) = (64, 32),
-    (32, 64) and K = V = 256 (kernels/configs.py, NARROW_TILE_MAX_WIDTH; benchmarks/inter_debug.py --head-dims)."""
-    monkeypatch.setenv("LIGHTNING_ATTENTION_SEGMENT_LEN", str(segment_len))
+    (32, 64) and K = V = 256 (docs/kernels.md, "Walk tiles at least 64 wide")."""
+    configure(segment_len=segment_len)
     B, T, H = 1, 1024, 16
     slope = la.tnl_slopes(H, 0, 2).to("cuda", torch.float32)
     inputs = _inputs(B, T, H, K, V, torch.bfloat16)
     _compare(_fwd_bwd(*inputs, slope), _reference(*inputs, slope), torch.bfloat16)
 
 
-def test_every_chunk_launch_stays_on_the_direct_path(monkeypatch):
-    """The chunk op's launchers keep their direct path (kernels/launch.py) through a segmented fwd+bwd, the fused
-    dk/dv walk, the inter-only walk and (on sm_90) the two-warpgroup walk and pre-pass at K = 256: one that disables
-    itself still computes right values but pays Triton's launch per call, which doubled K = 64's fwd+bwd in
-    h100-2026-11-22z36 (a walk constexpr with a default)."""
+def test_every_chunk_launch_stays_on_the_direct_path(configure):
+    """The chunk programs' launchers keep their direct path (ops/lightning/launch.py) through a segmented fwd+bwd,
+    the fused dk/dv walk, the inter-only walk and (on sm_90) the two-warpgroup walk and pre-pass at K = 256: one that
+    disables itself still computes right values but pays Triton's launch per call (once a walk constexpr with a
+    default doubled K = 64's fwd+bwd)."""
     import warnings
 
-    from lightning_attention.ops.lightning import chunk
+    from lightning_attention.ops.lightning import ops, plan, run
+    from lightning_attention.ops.lightning.device import device_info
 
-    launchers = [chunk._WALK, chunk._STATE, chunk._INTER_WALK, chunk._SCAN, chunk._DKDV, chunk._DKDV_FIXED_BT]
-    two_warpgroups = chunk._walk_ws_device(torch.cuda.current_device())
-    if two_warpgroups:
-        launchers += [chunk._WALK_WS, chunk._STATE_WS]
-    for launcher in launchers:
-        launcher.cache.reset()  # another test may have disabled one on purpose
+    for launcher in run.launchers():
+        launcher.reset()  # another test may have disabled one on purpose
     B, T, H, K = 2, 4096, 4, 64
     q, k, v, h0, do, dht = _inputs(B, T, H, K, K, torch.bfloat16)
     slope = la.tnl_slopes(H, 0, 2).cuda()
-    monkeypatch.setenv("LIGHTNING_ATTENTION_SEGMENT_LEN", "1024")
-    monkeypatch.setenv("LIGHTNING_ATTENTION_REPLAY", "0")  # every call launches through the launchers
+    device = device_info(q.device)
+    two_warpgroups = device.capability == 90 and plan._walk_ws_available()
     with warnings.catch_warnings():
         # a launcher that disables itself warns: fail at that launch
         warnings.filterwarnings("error", message=".*direct kernel launch disabled", category=RuntimeWarning)
-        for dkdv in ("0", "1"):
-            monkeypatch.setenv("LIGHTNING_ATTENTION_DKDV", dkdv)
+        for fused in (False, True):
+            configure(segment_len=1024, fused_dkdv=fused)
             for _ in range(3):  # the first launch compiles, the second verifies, the third goes direct
                 _fwd_bwd(q, k, v, h0, do, dht, slope)
         for _ in range(3):
-            o, ht = chunk.lightning_attn_inter_triton(q, k, v, slope, chunk_size=128, initial_state=h0,
-                                                      output_final_state=True)  # fmt: skip
+            o, ht = ops.lightning_attn_inter_triton(q, k, v, slope, chunk_size=128, initial_state=h0,
+                                                    output_final_state=True)  # fmt: skip
             torch.autograd.grad((o.float() * do.float()).sum() + (ht * dht).sum(), (q, k, v, h0))
         if two_warpgroups:  # K = 256 in segments: 4 × 16 heads × 4 pairs of value tiles per segment
-            monkeypatch.setenv("LIGHTNING_ATTENTION_SEGMENT_LEN", "512")
+            configure(segment_len=512)
             inputs = _inputs(4, 1024, 16, 256, 256, torch.bfloat16)
             slope16 = la.tnl_slopes(16, 0, 2).cuda()
             for _ in range(3):
                 _fwd_bwd(*inputs, slope16)
     torch.cuda.synchronize()
-    for launcher in launchers:
-        assert launcher.cache.disabled is None, (launcher.cache.name, launcher.cache.disabled)
-        assert launcher.cache.entries, launcher.cache.name  # it was used
+    used = [launcher for launcher in run.launchers() if launcher.entries]
+    names = {launcher.name for launcher in used}
+    assert "lightning_attn segment scan" in names and any(n.startswith("lightning_attn dk/dv walk") for n in names)
+    assert any(n.startswith("lightning_attn walk") for n in names)
+    if two_warpgroups:
+        assert {"lightning_attn walk (two warpgroups)", "lightning_attn segment pre-pass (two warpgroups)"} <= names
+    for launcher in used:
+        assert launcher.disabled is None, (launcher.name, launcher.disabled)
         # verified: its compiled kernel's launcher is called directly
-        assert any(e.launcher is not None for e in launcher.cache.entries.values()), launcher.cache.name
+        assert any(e.launcher is not None for e in launcher.entries.values()), launcher.name
 
 
 @pytest.mark.parametrize(
@@ -195,27 +197,27 @@ def test_every_chunk_launch_stays_on_the_direct_path(monkeypatch):
     ],
     ids=["ragged", "no-decay-scaled", "segments", "segments-in-pieces-ragged", "three-chunks"],
 )
-def test_two_warpgroup_walk_against_float64_and_the_triton_walk(T, decay, scale, segment_len, piece_len, monkeypatch):
+def test_two_warpgroup_walk_against_float64_and_the_triton_walk(T, decay, scale, segment_len, piece_len, configure):
     """K = V = 256 through the two-warpgroup walk and pre-pass (kernels/walk_ws.py) in all four passes, with an
-    initial state and a final-state gradient, whole and in segments (the pre-pass on the segments or on pieces of
-    them): against float64, and against the Triton walk (LIGHTNING_ATTENTION_GLUON=0) within the rounding of the bf16
-    outputs."""
-    from lightning_attention.ops.lightning import chunk
+    initial state and a final-state gradient, whole and in segments (the pre-pass on the segments, on pieces the plan
+    picks, or on given pieces): against float64, and against the Triton walk (the gluon setting off) within the
+    rounding of the bf16 outputs."""
+    from lightning_attention.ops.lightning import plan, run
+    from lightning_attention.ops.lightning.device import device_info
 
-    if not chunk._walk_ws_device(torch.cuda.current_device()):
+    if device_info(torch.device("cuda")).capability != 90 or not plan._walk_ws_available():
         pytest.skip("the two-warpgroup walk needs an sm_90 GPU and a Triton with Gluon")
-    monkeypatch.setenv("LIGHTNING_ATTENTION_SEGMENT_LEN", str(segment_len))
-    monkeypatch.setenv("LIGHTNING_ATTENTION_PREPASS_LEN", str(piece_len))
+    configure(segment_len=segment_len, prepass_len=piece_len or None)  # no pieces given: the plan's choice
     B, H, K = 4, 16, 256  # 256 programs of two value tiles: more than half an H100's SMs, so the walk takes them
     slope = la.tnl_slopes(H, 0, 2).cuda() if decay == "tnl" else None
     inputs = _inputs(B, T, H, K, K, torch.bfloat16)
-    chunk._WALK_WS.cache.reset()
-    chunk._STATE_WS.cache.reset()
+    run._WALK_WS.reset()
+    run._STATE_WS.reset()
     got = _fwd_bwd(*inputs, slope, scale=scale)
-    assert chunk._WALK_WS.cache.entries, "the two-warpgroup walk did not run"
-    assert bool(chunk._STATE_WS.cache.entries) == bool(segment_len), "the two-warpgroup pre-pass ran or did not"
+    assert run._WALK_WS.entries, "the two-warpgroup walk did not run"
+    assert bool(run._STATE_WS.entries) == bool(segment_len), "the two-warpgroup pre-pass ran or did not"
     _compare(got, _reference(*inputs, slope, scale=scale), torch.bfloat16)
-    monkeypatch.setenv("LIGHTNING_ATTENTION_GLUON", "0")
+    configure(gluon=False)
     triton_walk = _fwd_bwd(*inputs, slope, scale=scale)
     for name, a, b in zip(("o", "final_state", "dq", "dk", "dv", "dh0"), got, triton_walk):
         diff = ((a.double() - b.double()).norm() / b.double().norm()).item()

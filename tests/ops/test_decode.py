@@ -1,12 +1,11 @@
-"""Decoding (issue 6): `lightning_attn_decode` on the PyTorch path and on the Triton kernel (CPU interpreter in CI),
-and the prefill -> state pool -> decode hand-off.
+"""Decoding: `lightning_attn_decode` on the PyTorch path and on the Triton kernel (CPU interpreter in CI), and the
+prefill -> state pool -> decode hand-off.
 
-Every result is compared with float64 computed from the same rounded inputs (DESIGN §5): the recurrent reference
-over the whole sequence (prompt + decoded tokens) gives both the outputs and the final state. Prefill runs on the
-PyTorch backend here; the "triton" prefill variant needs the chunk kernels (another issue) and skips without them.
+Every result is compared with float64 computed from the same rounded inputs (docs/design.md, "Testing
+discipline"): the recurrent reference over the whole sequence (prompt + decoded tokens) gives both the outputs and
+the final state. Prefill runs on either backend.
 """
 
-import importlib
 import json
 import os
 import subprocess
@@ -17,32 +16,20 @@ import pytest
 import torch
 
 import lightning_attention as la
+from lightning_attention import settings
 from lightning_attention.ops.lightning import naive
-from lightning_attention.ops.lightning.kernels import decode as kdecode
+from lightning_attention.ops.lightning import decode_triton
 from lightning_attention.utils.testing import assert_close
 from tests.ops.test_naive import make_inputs, make_slope
 
 DECAYS = ["none", "weak", "strong", "mixed"]
 
 
-def _chunk_kernels_missing() -> str | None:
-    try:
-        importlib.import_module("lightning_attention.ops.lightning.chunk")
-    except ImportError as e:
-        return f"Triton prefill (lightning_attention.ops.lightning.chunk) cannot be imported: {e}"
-    return None
-
-
 # (prefill backend, decode backend)
 BACKENDS = [
     pytest.param("torch", "torch", id="prefill-torch-decode-torch"),
     pytest.param("torch", "triton", id="prefill-torch-decode-triton"),
-    pytest.param(
-        "triton",
-        "triton",
-        id="prefill-triton-decode-triton",
-        marks=pytest.mark.skipif(_chunk_kernels_missing() is not None, reason=str(_chunk_kernels_missing())),
-    ),
+    pytest.param("triton", "triton", id="prefill-triton-decode-triton"),
 ]
 
 
@@ -72,14 +59,14 @@ AGREEMENT = [
 
 
 @pytest.mark.parametrize("prefill_backend,decode_backend,decay", AGREEMENT)
-def test_prefill_then_decode_matches_float64(prefill_backend, decode_backend, decay, monkeypatch):
+def test_prefill_then_decode_matches_float64(prefill_backend, decode_backend, decay, configure):
     """lightning_attn on all T tokens, and prefill of T0 tokens + T - T0 decode steps, both agree with float64."""
     B, T, T0, H, K, V, P, scale = 2, 17, 9, 4, 32, 48, 5, 0.5
     q, k, v = (x.float() for x in make_inputs(B, T, H, K, V, seed=1))
     slope = make_slope(decay, H, torch.float32)
     o_ref, s_ref = reference(q, k, v, slope, scale, None)
 
-    monkeypatch.setenv("LIGHTNING_ATTENTION_BACKEND", prefill_backend)
+    configure(backend=prefill_backend)
     o_full, s_full = la.lightning_attn(q, k, v, slope, scale=scale, output_final_state=True)
     assert_close("o (one call)", o_full, o_ref, torch.float32)
     assert_close("final_state (one call)", s_full, s_ref, torch.float32)
@@ -90,7 +77,7 @@ def test_prefill_then_decode_matches_float64(prefill_backend, decode_backend, de
     pool[idx] = ht
     others = pool[[0, 2, 4]].clone()
 
-    monkeypatch.setenv("LIGHTNING_ATTENTION_BACKEND", decode_backend)
+    configure(backend=decode_backend)
     o_dec = decode_tokens(q[:, T0:], k[:, T0:], v[:, T0:], pool, slope, scale, idx)
     assert_close("o (prefill)", o_pre, o_ref[:, :T0], torch.float32)
     assert_close("o (decode)", o_dec, o_ref[:, T0:], torch.float32)
@@ -100,7 +87,7 @@ def test_prefill_then_decode_matches_float64(prefill_backend, decode_backend, de
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("decode_backend", ["torch", "triton"])
-def test_prefill_then_decode_low_precision(decode_backend, dtype, monkeypatch):
+def test_prefill_then_decode_low_precision(decode_backend, dtype, configure):
     """fp16/bf16 inputs, mixed decay, random h0: outputs within the dtype's tolerance, state within fp32's."""
     B, T, T0, H, K, V = 2, 17, 6, 4, 48, 32
     q, k, v = (x.to(dtype) for x in make_inputs(B, T, H, K, V, seed=2))
@@ -108,9 +95,9 @@ def test_prefill_then_decode_low_precision(decode_backend, dtype, monkeypatch):
     h0 = torch.randn(B, H, K, V)
     o_ref, s_ref = reference(q, k, v, slope, 1.0, h0)
 
-    monkeypatch.setenv("LIGHTNING_ATTENTION_BACKEND", "torch")
+    configure(backend="torch")
     o_pre, pool = la.lightning_attn(q[:, :T0], k[:, :T0], v[:, :T0], slope, initial_state=h0, output_final_state=True)
-    monkeypatch.setenv("LIGHTNING_ATTENTION_BACKEND", decode_backend)
+    configure(backend=decode_backend)
     o_dec = decode_tokens(q[:, T0:], k[:, T0:], v[:, T0:], pool, slope, 1.0, None)
     assert o_dec.dtype == dtype
     assert_close("o (prefill)", o_pre, o_ref[:, :T0], dtype)
@@ -120,7 +107,7 @@ def test_prefill_then_decode_low_precision(decode_backend, dtype, monkeypatch):
 
 
 @pytest.mark.parametrize("prefill_backend,decode_backend", BACKENDS)
-def test_varlen_chunked_prefill_into_pool_then_decode(prefill_backend, decode_backend, monkeypatch):
+def test_varlen_chunked_prefill_into_pool_then_decode(prefill_backend, decode_backend, configure):
     """Packed prompts (lengths 15, 1, 0, 20) prefilled in two chunks through their pool rows, then decoded in one
     batch that also holds a padding slot; every sequence agrees with float64 over prompt + decoded tokens."""
     H, K, V, P, steps = 2, 16, 24, 7, 4
@@ -137,7 +124,7 @@ def test_varlen_chunked_prefill_into_pool_then_decode(prefill_backend, decode_ba
 
     pool = torch.randn(P, H, K, V)
     spare = pool[[1, 3, 5]].clone()
-    monkeypatch.setenv("LIGHTNING_ATTENTION_BACKEND", prefill_backend)
+    configure(backend=prefill_backend)
     q, k, v, cu = packed([tuple(x[:, :f] for x in s) for s, f in zip(seqs, first)])
     o1, ht = la.lightning_attn(q, k, v, slope, cu_seqlens=cu, output_final_state=True)
     pool[rows] = ht
@@ -150,7 +137,7 @@ def test_varlen_chunked_prefill_into_pool_then_decode(prefill_backend, decode_ba
     junk = make_inputs(1, steps, H, K, V, dtype=torch.float32, seed=99)
     dq, dk, dv = (torch.cat([s[j][:, n:] for s, n in zip(seqs[:2], lengths[:2])] + [junk[j]]
                             + [s[j][:, n:] for s, n in zip(seqs[2:], lengths[2:])]) for j in range(3))
-    monkeypatch.setenv("LIGHTNING_ATTENTION_BACKEND", decode_backend)
+    configure(backend=decode_backend)
     o_dec = decode_tokens(dq, dk, dv, pool, slope, 1.0, idx)
 
     assert torch.equal(o_dec[2], torch.zeros_like(o_dec[2])), "padding slot must output zeros"
@@ -169,9 +156,9 @@ def test_varlen_chunked_prefill_into_pool_then_decode(prefill_backend, decode_ba
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=str)
-def test_padding_slots_out_and_untouched_rows(backend, dtype, index_dtype, monkeypatch):
+def test_padding_slots_out_and_untouched_rows(backend, dtype, index_dtype, configure):
     """-1 slots: zero output, no row touched; rows outside state_indices bitwise equal; out= written and returned."""
-    monkeypatch.setenv("LIGHTNING_ATTENTION_BACKEND", backend)
+    configure(backend=backend)
     B, H, K, V, P = 4, 2, 16, 32, 6
     q, k = (torch.randn(B, H, K).to(dtype) for _ in range(2))
     v = torch.randn(B, H, V).to(dtype)
@@ -194,9 +181,9 @@ def test_padding_slots_out_and_untouched_rows(backend, dtype, index_dtype, monke
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_all_padding_and_no_decay_default_indices(backend, monkeypatch):
+def test_all_padding_and_no_decay_default_indices(backend, configure):
     """Every slot padding: nothing changes, outputs are zeros (allocated out is fully written: no NaN poison left)."""
-    monkeypatch.setenv("LIGHTNING_ATTENTION_BACKEND", backend)
+    configure(backend=backend)
     H, K, V = 2, 16, 16
     pool = torch.randn(3, H, K, V)
     before = pool.clone()
@@ -205,9 +192,9 @@ def test_all_padding_and_no_decay_default_indices(backend, monkeypatch):
     assert torch.equal(o, torch.zeros(2, H, V)) and torch.equal(pool, before)
 
 
-def test_triton_step_under_inference_mode(monkeypatch):
+def test_triton_step_under_inference_mode(configure):
     """Serving loops run under torch.inference_mode: the direct launch (version-counter bump included) works there."""
-    monkeypatch.setenv("LIGHTNING_ATTENTION_BACKEND", "triton")
+    configure(backend="triton")
     H, K, V = 2, 16, 32
     with torch.inference_mode():
         q, k = (torch.randn(2, H, K) for _ in range(2))
@@ -223,8 +210,8 @@ def test_triton_step_under_inference_mode(monkeypatch):
 @pytest.mark.parametrize(
     "indices,fragment", [([0, 3, -1], "must be in"), ([2, 2, -1], "must not repeat"), ([0, -5, 1], "must be in")]
 )
-def test_bad_indices_raise_on_cpu(backend, indices, fragment, monkeypatch):
-    monkeypatch.setenv("LIGHTNING_ATTENTION_BACKEND", backend)
+def test_bad_indices_raise_on_cpu(backend, indices, fragment, configure):
+    configure(backend=backend)
     H, K, V = 2, 16, 16
     pool = torch.zeros(3, H, K, V)
     q, k, v = (torch.randn(3, H, K) for _ in range(3))
@@ -244,9 +231,9 @@ SHAPES = [
 
 
 @pytest.mark.parametrize("K,V,dtype", SHAPES, ids=lambda x: str(x).replace("torch.", ""))
-def test_triton_step_shapes_and_strided_views(K, V, dtype, monkeypatch):
+def test_triton_step_shapes_and_strided_views(K, V, dtype, configure):
     """One step on strided views: q, k, v split from a fused projection, the pool a layer slice of a bigger buffer."""
-    monkeypatch.setenv("LIGHTNING_ATTENTION_BACKEND", "triton")
+    configure(backend="triton")
     B, H, L, P = 3, 2, 2, 4
     fused = torch.randn(B, H, 2 * K + V + 8).to(dtype)  # 8 spare columns: rows are not contiguous blocks of q
     q, k, v = fused[..., :K], fused[..., K : 2 * K], fused[..., 2 * K : 2 * K + V]
@@ -279,7 +266,7 @@ def test_kernel_tiles_k_loop_and_ragged_v(K, V, block_k, block_v):
     s_ref = s_ref + torch.einsum("bhk,bhv->bhkv", k.double(), v.double())
     o_ref = 0.5 * torch.einsum("bhk,bhkv->bhv", q.double(), s_ref)
     out = torch.full((B, H, V), float("nan"))
-    kdecode.launch_decode_step(q, k, v, pool, slope, 0.5, None, out, block_k=block_k, block_v=block_v, num_warps=4)
+    decode_triton.launch_decode_step(q, k, v, pool, slope, 0.5, None, out, tiles=(block_k, block_v, 4))
     assert_close("o", out, o_ref, torch.float32)
     assert_close("state", pool, s_ref, torch.float32)
 
@@ -288,14 +275,14 @@ def test_launch_config_spreads_small_batches_and_bounds_tiles():
     """Batch 1 x 16 heads uses the narrowest V tiles (most programs); large batches use 64-wide rows; the [BK, BV]
     slab a program holds never exceeds the register budget and covers K in one step whenever it fits."""
     sms = 132
-    assert kdecode.launch_config(16, 128, 128, sms) == (128, 16, 4)
-    assert kdecode.launch_config(8 * 16, 128, 128, sms)[1] == 32
-    assert kdecode.launch_config(64 * 16, 128, 128, sms) == (128, 64, 8)
+    assert decode_triton.launch_config(16, 128, 128, sms) == (128, 16, 4)
+    assert decode_triton.launch_config(8 * 16, 128, 128, sms)[1] == 32
+    assert decode_triton.launch_config(64 * 16, 128, 128, sms) == (128, 64, 8)
     for bh in (1, 16, 128, 4096):
         for K, V in ((16, 16), (48, 100), (128, 128), (256, 256), (256, 48)):
-            bk, bv, _ = kdecode.launch_config(bh, K, V, sms)
-            assert bk * bv <= kdecode._MAX_TILE and bk >= 16 and bv >= 16
-            assert bk >= K or bk * bv == kdecode._MAX_TILE
+            bk, bv, _ = decode_triton.launch_config(bh, K, V, sms)
+            assert bk * bv <= decode_triton._MAX_TILE and bk >= 16 and bv >= 16
+            assert bk >= K or bk * bv == decode_triton._MAX_TILE
 
 
 def test_opcheck_decode_step_op():
@@ -308,7 +295,7 @@ def test_opcheck_decode_step_op():
         (q, k, v, torch.randn(4, H, K, V), slope, 0.5, torch.tensor([3, -1, 0]), torch.zeros(3, H, V)),
         (q, k, v, torch.randn(3, H, K, V), None, 1.0, None, torch.zeros(3, H, V)),
     ):
-        torch.library.opcheck(kdecode.decode_step_op, args)
+        torch.library.opcheck(decode_triton.decode_step_op.op, args)
 
 
 @pytest.fixture
@@ -336,7 +323,7 @@ def test_torch_compile_fullgraph_decode_loop(fresh_dynamo_rules):
 
     def two_steps(q, k, v, pool, out):
         for t in range(2):
-            kdecode.decode_step_triton(q[t], k[t], v[t], pool, slope, 0.5, idx, out[t])
+            decode_triton.decode_step_triton(q[t], k[t], v[t], pool, slope, 0.5, idx, out[t])
         return out
 
     out = torch.full((2, 3, H, V), float("nan"))
@@ -353,19 +340,15 @@ def test_torch_compile_fullgraph_decode_loop(fresh_dynamo_rules):
 def test_torch_compile_fullgraph_public_api(fresh_dynamo_rules):
     """The public function (validation, backend choice, launcher) traces without a graph break. On CPU tensors only
     without slope and state_indices: their value checks need host data (on CUDA they are skipped, see GPU suite)."""
-    monkeypatch = pytest.MonkeyPatch()
-    monkeypatch.setenv("LIGHTNING_ATTENTION_BACKEND", "triton")
     H, K, V = 2, 16, 48
     q, k = (torch.randn(3, H, K) for _ in range(2))
     v = torch.randn(3, H, V)
     pool = torch.randn(3, H, K, V)
     s_ref = pool.double() + torch.einsum("bhk,bhv->bhkv", k.double(), v.double())
-    try:
+    with settings.override(backend="triton"):
         o = torch.compile(lambda *a: la.lightning_attn_decode(*a, scale=0.5), fullgraph=True, backend="aot_eager")(
             q, k, v, pool
         )
-    finally:
-        monkeypatch.undo()
     assert_close("o", o, 0.5 * torch.einsum("bhk,bhkv->bhv", q.double(), s_ref), torch.float32)
     assert_close("state", pool, s_ref, torch.float32)
 
@@ -388,11 +371,11 @@ def test_kernel_compiles_for_hopper_with_128bit_state_access():
         assert r["shared"] <= 16384, (name, r)  # only the q·S reduction uses shared memory
 
 
-def test_decode_memory_flat_and_timing_run_on_cpu(monkeypatch):
+def test_decode_memory_flat_and_timing_run_on_cpu(configure):
     """The benchmark helpers run end to end at toy sizes (their numbers are measured on the GPU, not here)."""
     from lightning_attention.bench.decode_timing import decode_memory_flat, time_decode_step
 
-    monkeypatch.setenv("LIGHTNING_ATTENTION_BACKEND", "torch")
+    configure(backend="torch")
     mem = decode_memory_flat(tokens=(4, 16), heads=2, k_dim=16, v_dim=16, verbose=False)
     assert [r["tokens"] for r in mem["runs"]] == [4, 16]
     assert all(r["state_finite"] for r in mem["runs"])
@@ -402,9 +385,9 @@ def test_decode_memory_flat_and_timing_run_on_cpu(monkeypatch):
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_strided_slope_and_indices(backend, monkeypatch):
+def test_strided_slope_and_indices(backend, configure):
     """slope and state_indices as strided views (the kernel reads them at unit stride: the launcher copies them)."""
-    monkeypatch.setenv("LIGHTNING_ATTENTION_BACKEND", backend)
+    configure(backend=backend)
     H, K, V = 2, 16, 32
     slope = torch.tensor([0.1, 9.0, 2.0, 9.0])[::2]
     idx = torch.tensor([4, 7, -1, 7, 0, 7])[::2]

@@ -1,7 +1,7 @@
 """Decoding on CUDA (`pytest -m gpu tests/ops/test_decode_gpu.py`): the compiled Triton step at real sizes, the
 prefill -> pool -> decode hand-off, padding slots, CUDA-graph capture and replay, torch.compile and opcheck.
 
-Every result is compared with float64 from the same rounded inputs (DESIGN §5). Timings are not asserted here:
+Every result is compared with float64 from the same rounded inputs (docs/design.md, "Testing discipline"). Timings are not asserted here:
 they belong to the benchmark (lightning_attention.bench.decode_timing).
 """
 
@@ -10,9 +10,10 @@ import torch
 
 import lightning_attention as la
 from lightning_attention.ops.lightning import naive
-from lightning_attention.ops.lightning.kernels import decode as kdecode
+from lightning_attention.ops.lightning import decode_triton
+from lightning_attention.ops.lightning.launch import Launcher
 from lightning_attention.utils.testing import assert_close
-from tests.ops.test_decode import _chunk_kernels_missing, fresh_dynamo_rules  # noqa: F401 (fixture)
+from tests.ops.test_decode import fresh_dynamo_rules  # noqa: F401 (fixture)
 from tests.ops.test_naive import make_slope
 
 pytestmark = pytest.mark.gpu
@@ -22,19 +23,14 @@ DEV = "cuda"
 
 PREFILL = [
     pytest.param("torch", id="prefill-torch"),
-    pytest.param(
-        "triton",
-        id="prefill-triton",
-        marks=pytest.mark.skipif(_chunk_kernels_missing() is not None, reason=str(_chunk_kernels_missing())),
-    ),
+    pytest.param("triton", id="prefill-triton"),
 ]
 
 
 @pytest.fixture(autouse=True)
-def fast_path(monkeypatch):
+def fast_path(configure):
     # the path under test: Triton on CUDA tensors, no device->host value checks (tests that need others set them)
-    monkeypatch.setenv("LIGHTNING_ATTENTION_BACKEND", "auto")
-    monkeypatch.delenv("LIGHTNING_ATTENTION_DEBUG", raising=False)
+    configure(backend="auto", debug=False)
 
 
 def randn(*shape, dtype=torch.float32, seed=0):
@@ -54,7 +50,7 @@ def step_reference(q, k, v, state_rows, slope, scale):
 @pytest.mark.parametrize("decay", ["none", "weak", "strong", "mixed"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("prefill_backend", PREFILL)
-def test_prefill_then_decode_matches_float64(prefill_backend, dtype, decay, monkeypatch):
+def test_prefill_then_decode_matches_float64(prefill_backend, dtype, decay, configure):
     B, T, T0, H, K, V, P = 3, 300, 237, 16, 128, 128, 8
     q, k = (randn(B, T, H, K, dtype=dtype, seed=s) for s in (1, 2))
     v = randn(B, T, H, V, dtype=dtype, seed=3)
@@ -63,7 +59,7 @@ def test_prefill_then_decode_matches_float64(prefill_backend, dtype, decay, monk
     s64 = None if slope is None else slope.double()
     o_ref, s_ref = naive.recurrent_lightning_attn(q.double(), k.double(), v.double(), s64)
 
-    monkeypatch.setenv("LIGHTNING_ATTENTION_BACKEND", prefill_backend)
+    configure(backend=prefill_backend)
     o_full, s_full = la.lightning_attn(q, k, v, slope, output_final_state=True)
     assert_close("o (one call)", o_full, o_ref, dtype)
     assert_close("final_state (one call)", s_full, s_ref, dtype)
@@ -74,7 +70,7 @@ def test_prefill_then_decode_matches_float64(prefill_backend, dtype, decay, monk
     pool[idx.long()] = ht
     spare = [0, 2, 4, 5, 7]
     before = pool[spare].clone()
-    monkeypatch.setenv("LIGHTNING_ATTENTION_BACKEND", "triton")
+    configure(backend="triton")
     o_dec = torch.stack(
         [la.lightning_attn_decode(q[:, t], k[:, t], v[:, t], pool, slope, state_indices=idx) for t in range(T0, T)],
         dim=1,
@@ -86,7 +82,7 @@ def test_prefill_then_decode_matches_float64(prefill_backend, dtype, decay, monk
 
 
 @pytest.mark.parametrize("prefill_backend", PREFILL)
-def test_varlen_prefill_into_pool_then_decode(prefill_backend, monkeypatch):
+def test_varlen_prefill_into_pool_then_decode(prefill_backend, configure):
     """Packed prompts of lengths 0, 1, 15, 700 -> pool rows -> 20 decode steps with a padding slot."""
     H, K, V, P, steps = 16, 64, 128, 10, 20
     lengths = [0, 1, 15, 700]
@@ -102,7 +98,7 @@ def test_varlen_prefill_into_pool_then_decode(prefill_backend, monkeypatch):
     spare = [1, 3, 4, 6, 7, 8]
     before = pool[spare].clone()
 
-    monkeypatch.setenv("LIGHTNING_ATTENTION_BACKEND", prefill_backend)
+    configure(backend=prefill_backend)
     o_pre, ht = la.lightning_attn(q, k, v, slope, cu_seqlens=cu, output_final_state=True)
     pool[rows] = ht
 
@@ -112,7 +108,7 @@ def test_varlen_prefill_into_pool_then_decode(prefill_backend, monkeypatch):
         torch.cat([seqs[0][j][:, 0:], seqs[1][j][:, 1:], junk[j], seqs[2][j][:, 15:], seqs[3][j][:, 700:]])
         for j in range(3)
     )
-    monkeypatch.setenv("LIGHTNING_ATTENTION_BACKEND", "triton")
+    configure(backend="triton")
     out = torch.full((5, H, V), float("nan"), device=DEV, dtype=torch.bfloat16)
     o_dec = []
     for t in range(steps):
@@ -232,18 +228,18 @@ def test_cuda_graph_capture_and_replay_match_eager():
 
 @pytest.fixture
 def launch_cache():
-    """The decode step's LaunchCache, emptied before and after: its entries are this test's."""
-    cache = kdecode._LAUNCH_CACHE
-    cache.reset()
-    yield cache
-    cache.reset()
+    """The decode step's Launcher, emptied before and after: its entries are this test's."""
+    launcher = decode_triton._LAUNCHER
+    launcher.reset()
+    yield launcher
+    launcher.reset()
 
 
 def _tritons_launch_only(monkeypatch):
-    """Makes eager steps launch through JITFunction.run (a disabled LaunchCache), for side-by-side runs."""
-    off = kdecode.LaunchCache(kdecode._decode_step_kernel)
+    """Makes eager steps launch through JITFunction.run (a disabled Launcher), for side-by-side runs."""
+    off = Launcher(decode_triton.decode_step_kernel, "decode (Triton's launch only)")
     off.disabled = "test: Triton's launch only"
-    monkeypatch.setattr(kdecode, "_LAUNCH_CACHE", off)
+    monkeypatch.setattr(decode_triton, "_LAUNCHER", off)
 
 
 def _offset_view(x):
@@ -255,9 +251,16 @@ def _offset_view(x):
     return view
 
 
-def _entry(cache, q, k, v, pool, slope, idx, out):
-    args = kdecode.runtime_args(q, k, v, pool, slope, 0.5, idx, out)
-    return cache.entries[kdecode.launch_key(torch.cuda.current_device(), q, v, slope, idx, args)]
+def _entry(launcher, q, k, v, pool, slope, idx, out):
+    """The launcher's entry for a step on these tensors (found by the exact key its launch builds)."""
+    seen = []
+    real = launcher._launch
+    launcher._launch = lambda entry, grid, args, device: seen.append(entry)
+    try:
+        decode_triton.launch_decode_step(q, k, v, pool, slope, 0.5, idx, out)
+    finally:
+        launcher._launch = real
+    return seen[0]
 
 
 # (id, dtype, slope given, state_indices given, inputs and output off 16-byte alignment): run in this order, so the
@@ -430,11 +433,11 @@ def test_opcheck_cuda():
     slope = la.tnl_slopes(H, 0, 12).to(DEV)
     args = (q, k, v, randn(5, H, K, V, seed=4), slope, 0.5, torch.tensor([4, -1, 0], device=DEV),
             torch.zeros(3, H, V, device=DEV, dtype=torch.bfloat16))
-    torch.library.opcheck(kdecode.decode_step_op, args)
+    torch.library.opcheck(decode_triton.decode_step_op.op, args)
 
 
-def test_debug_mode_checks_indices_on_cuda(monkeypatch):
-    monkeypatch.setenv("LIGHTNING_ATTENTION_DEBUG", "1")
+def test_debug_mode_checks_indices_on_cuda(configure):
+    configure(debug=True)
     H, K, V = 2, 16, 16
     pool = torch.zeros(3, H, K, V, device=DEV)
     q, k, v = (randn(2, H, K, seed=s) for s in range(3))

@@ -1,8 +1,8 @@
 """The eager decode step's low-overhead host path, on CPU: the cached structural checks of
-`check_decode_inputs`, the launch key, and the `LaunchCache` state machine (learn through Triton's launch, verify
-the recorded call, then launch directly; fall back for good on any surprise).
+`check_decode_inputs`, the launch key, and the `Launcher` state machine as the decode step uses it (learn through
+Triton's launch, verify the recorded call, then launch directly; fall back for good on any surprise).
 
-No GPU here, so `LaunchCache` drives a fake kernel that behaves like a triton 3.8 `JITFunction` on NVIDIA: it
+No GPU here, so the `Launcher` drives a fake kernel that behaves like a triton 3.8 `JITFunction` on NVIDIA: it
 specialises on dtypes, 16-byte alignment, integers equal to 1 / divisible by 16 and constexpr values, "compiles" one
 fake `CompiledKernel` per specialisation and launches it the way `JITFunction.run` does,
 `compiled.run(grid0, grid1, grid2, stream, function, packed_metadata, launch_metadata, enter_hook, exit_hook, *args)`.
@@ -18,9 +18,9 @@ import triton
 from triton.runtime.jit import JITFunction
 
 import lightning_attention as la
-from lightning_attention.ops.lightning import validation
+from lightning_attention.ops.lightning import decode_triton, validation
 from lightning_attention.ops.lightning.decode import decode_step_torch
-from lightning_attention.ops.lightning.kernels import decode as kdecode
+from lightning_attention.ops.lightning.launch import Launcher, specialization_key
 from lightning_attention.utils.testing import assert_close
 
 STREAM = 0x5EED  # the "current stream" of the fake driver
@@ -38,8 +38,12 @@ def _specialise(a):
     return ("i32" if -(2**31) <= a < 2**31 else "i64", a % 16 == 0)
 
 
+# the kernel's constexprs in signature order, after its 24 run-time arguments
+META = ("H", "K", "V", "BK", "BV", "HAS_DECAY", "HAS_INDICES")
+
+
 def _reference_launch(args):
-    """Runs the step the kernel would run for ``args`` (runtime_args + constexpr_args) with the PyTorch path."""
+    """Runs the step the kernel would run for ``args`` (run-time arguments, then META) with the PyTorch path."""
     q, k, v, state, slope, idx, out = args[:7]
     scale, has_decay, has_indices = args[23], args[29], args[30]  # scale; HAS_DECAY, HAS_INDICES (after H..BV)
     decode_step_torch(q, k, v, state, slope if has_decay else None, scale, idx if has_indices else None, out)
@@ -77,17 +81,21 @@ class FakeCompiled:
 
 
 class FakeJIT:
-    """``kernel[grid](*args, num_warps=...)`` as ``JITFunction.run``: specialise, look up or compile, launch."""
+    """``kernel[grid](*args, num_warps=..., **constexprs)`` as ``JITFunction.run``: bind the constexprs in signature
+    order, specialise, look up or compile, launch."""
+
+    arg_names = [f"arg{i}" for i in range(24)] + list(META)
 
     def __init__(self):
         self.compiled = {}
         self.normal_launches = 0
-        self.hidden = lambda: ()  # a specialisation LaunchCache cannot see (tests make it change)
+        self.hidden = lambda: ()  # a specialisation the launcher cannot see (tests make it change)
         self.extra_args = ()  # a calling convention with more arguments (tests set it)
 
     def __getitem__(self, grid):
-        def run(*args, num_warps):
+        def run(*args, num_warps, **constexprs):
             self.normal_launches += 1
+            args = (*args, *(constexprs[name] for name in META))
             spec = (*map(_specialise, args[:24]), *args[24:], num_warps, *self.hidden())
             compiled = self.compiled.get(spec)
             if compiled is None:
@@ -105,8 +113,8 @@ class FakeJIT:
         return sum(c.launcher.direct_calls for c in self.compiled.values())
 
 
-class CpuLaunchCache(kdecode.LaunchCache):
-    """LaunchCache over the fake kernel, taking CPU tensors; the driver is faked too (device -1 = CPU)."""
+class CpuLauncher(Launcher):
+    """A Launcher over the fake kernel, taking CPU tensors; the driver is faked too (device -1 = CPU)."""
 
     cuda_only = False
 
@@ -114,30 +122,20 @@ class CpuLaunchCache(kdecode.LaunchCache):
         super().reset()
         self.disabled = None  # the fake kernel is not a JITFunction, but it is the compiled kernel here
 
-    def _bind(self):
+    def _bind_driver(self):
         self.get_device, self.get_stream, self._runtime = (lambda: -1), (lambda device: STREAM), triton.knobs.runtime
         return True
 
 
 @pytest.fixture
-def fake(monkeypatch):
-    """(cache, kernel): the decode step's launch cache replaced by one over a fake kernel, Triton backend on CPU.
-
-    Steps that LaunchCache declines (``device_for`` is None) go to ``_decode_step_impl``, replaced by the PyTorch
-    step too and counted in ``kernel.declined``, so these tests never need the real kernel."""
+def fake(monkeypatch, configure):
+    """(launcher, kernel): the decode step's launcher replaced by one over a fake kernel, Triton backend on CPU, so
+    these tests never need the real kernel. Steps the launcher declines go through the fake's normal launch."""
     jit = FakeJIT()
-    jit.declined = 0
-    cache = CpuLaunchCache(jit)
-
-    def declined(q, k, v, state, slope, scale, state_indices, out):
-        jit.declined += 1
-        decode_step_torch(q, k, v, state, slope, scale, state_indices, out)
-
-    monkeypatch.setattr(kdecode, "_LAUNCH_CACHE", cache)
-    monkeypatch.setattr(kdecode, "_decode_step_impl", declined)
-    monkeypatch.setattr(kdecode, "_num_sms", lambda device: 132)
-    monkeypatch.setenv("LIGHTNING_ATTENTION_BACKEND", "triton")
-    return cache, jit
+    launcher = CpuLauncher(jit, "fake decode")
+    monkeypatch.setattr(decode_triton, "_LAUNCHER", launcher)
+    configure(backend="triton")
+    return launcher, jit
 
 
 def _inputs(dtype=torch.float32, seed=0):
@@ -184,38 +182,63 @@ def _run_steps(n, pool, slope, idx, ref, *, dtype=torch.float32, transform=lambd
 
 
 def test_interpreter_kernel_is_never_launched_directly():
-    """Under TRITON_INTERPRET=1 the kernel is an InterpretedFunction: the cache starts disabled (CPU CI)."""
-    if isinstance(kdecode._decode_step_kernel, JITFunction):
+    """Under TRITON_INTERPRET=1 the kernel is an InterpretedFunction: the launcher starts disabled (CPU CI)."""
+    if isinstance(decode_triton._LAUNCHER.jit, JITFunction):
         pytest.skip("compiled Triton (no interpreter) in this process")
-    assert kdecode._LAUNCH_CACHE.disabled is not None
+    assert decode_triton._LAUNCHER.disabled is not None
 
 
-def test_launch_key_follows_triton_specialisation():
-    """Equal for a new step of the same signature (new data); different for every change Triton specialises on."""
+def test_launch_key_follows_triton_specialisation(fake, monkeypatch):
+    """A step's keys: the exact key is equal for a new step of the same signature (new data), and the
+    specialisation key (which picks the compiled kernel) differs for every change Triton specialises on; a change
+    Triton does not specialise on (another stride divisible by 16, another batch) gets its own exact key but the
+    same kernel."""
+    launcher, _ = fake
     slope, idx = torch.rand(H), torch.tensor([4, -1, 0], dtype=torch.int32)
     pool, out = torch.zeros(P, H, K, V), torch.zeros(B, H, V)
+    monkeypatch.setattr(launcher, "_launch", lambda entry, grid, args, device: None)  # keys only, no launch
 
     def key(q, k, v, slope=slope, idx=idx, pool=pool, out=out, device=0):
-        args = kdecode.runtime_args(q, k, v, pool, slope, 0.5, idx, out)
-        return kdecode.launch_key(device, q, v, slope, idx, args)
+        """(exact key, specialisation key) of the step, as the launcher builds them on ``device``."""
+        seen = []
+        real = launcher._exact_key
 
-    base = key(*_inputs(seed=0))
-    assert key(*_inputs(seed=1)) == base, "a new step of the same signature must reuse the entry"
+        def exact(dev, args, constants):
+            seen.append((device, specialization_key(args), constants))
+            return real(device, args, constants)
+
+        launcher._exact_key = exact
+        try:
+            decode_triton.launch_decode_step(q, k, v, pool, slope, 0.5, idx, out)
+        finally:
+            launcher._exact_key = real
+        (spec,) = seen
+        args = (q, k, v, pool, slope if slope is not None else q, idx if idx is not None else q, out)
+        strides = (*q.stride(), *k.stride(), *v.stride(), *pool.stride(), *out.stride(), 0.5)
+        return real(device, (*args, *strides), spec[2]), spec
+
+    base_exact, base_spec = key(*_inputs(seed=0))
+    assert key(*_inputs(seed=1))[0] == base_exact, "a new step of the same signature must reuse the entry"
     q, k, v = _inputs()
     variants = {
         "unaligned q": key(_unaligned(q), k, v),
         "unaligned out": key(q, k, v, out=_unaligned(out)),
         "bf16": key(*_inputs(torch.bfloat16), out=out.bfloat16()),
-        "strided v": key(q, k, torch.randn(B, H, 2 * V)[..., :V]),
         "pool [P, H, V, K] transposed": key(q, k, v, pool=torch.zeros(P, H, V, K).transpose(-1, -2)),
         "no slope": key(q, k, v, slope=None),  # q is fp32 like slope: the flag, not the dtype, tells them apart
         "no indices": key(q, k, v, idx=None),
         "int64 indices": key(q, k, v, idx=idx.long()),
         "other device": key(q, k, v, device=1),
-        "other batch": key(*(x[:2] for x in (q, k, v)), idx=idx[:2], out=out[:2]),
     }
-    assert base not in variants.values()
-    assert len(set(variants.values())) == len(variants)
+    same = [name for name, (_, spec) in variants.items() if spec == base_spec]
+    assert not same, same
+    specs = [spec for _, spec in variants.values()]
+    assert len(set(specs)) == len(specs)
+    # v's strides 128, 64 (still multiples of 16): its own exact key, the same compiled kernel
+    strided_exact, strided_spec = key(q, k, torch.randn(B, H, 2 * V)[..., :V])
+    assert strided_exact != base_exact and strided_spec == base_spec
+    # another batch changes only the grid, which the launch passes on every call: the same keys
+    assert key(*(x[:2] for x in (q, k, v)), idx=idx[:2], out=out[:2]) == (base_exact, base_spec)
 
 
 def test_learns_verifies_then_launches_directly(fake):
@@ -271,7 +294,7 @@ def test_calling_convention_mismatch_disables_for_good(fake):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # one warning, not one per step
         _run_steps(3, pool, slope, idx, ref, seed=2)
-    assert cache.disabled and not cache.entries and jit.direct_launches() == 0 and jit.declined == 3
+    assert cache.disabled and not cache.entries and jit.direct_launches() == 0 and jit.normal_launches == 5
 
 
 def test_hidden_specialisation_disables_for_good(fake):
@@ -285,7 +308,7 @@ def test_hidden_specialisation_disables_for_good(fake):
     with pytest.warns(RuntimeWarning, match="another compiled kernel"):
         _run_steps(2, pool, slope, idx, ref)
     _run_steps(2, pool, slope, idx, ref, seed=5)
-    assert cache.disabled and jit.direct_launches() == 0 and jit.declined == 2
+    assert cache.disabled and jit.direct_launches() == 0 and jit.normal_launches == 4
 
 
 def test_launcher_type_error_falls_back_once(fake):
@@ -300,7 +323,7 @@ def test_launcher_type_error_falls_back_once(fake):
     with pytest.warns(RuntimeWarning, match="rejected the direct call: TypeError"):
         _run_steps(1, pool, slope, idx, ref, seed=2)
     _run_steps(2, pool, slope, idx, ref, seed=3)
-    assert cache.disabled and jit.direct_launches() == 0 and jit.declined == 2
+    assert cache.disabled and jit.direct_launches() == 0 and jit.normal_launches == 2 + 1 + 2
 
 
 class SealedCompiled(FakeCompiled):
@@ -323,12 +346,12 @@ def test_unrecordable_launch_disables_and_launches_once(fake):
     with pytest.warns(RuntimeWarning, match="cannot record Triton's launch"):
         _run_steps(1, pool, slope, idx, ref, seed=1)
     _run_steps(1, pool, slope, idx, ref, seed=2)
-    assert cache.disabled and jit.normal_launches == 2 and jit.declined == 1 and jit.direct_launches() == 0
+    assert cache.disabled and jit.normal_launches == 3 and jit.direct_launches() == 0
 
 
-def test_launch_hooks_and_foreign_scale_take_tritons_launch(fake):
-    """While a launch hook is set (a profiler), or for a non-float scale, steps go through Triton's launch; once
-    the hook is removed the direct launch resumes."""
+def test_launch_hooks_take_tritons_launch(fake):
+    """While a launch hook is set (a profiler), steps go through Triton's launch; once the hook is removed the direct
+    launch resumes."""
     cache, jit = fake
     pool, slope, idx = torch.randn(P, H, K, V), torch.tensor([0.1, 2.0]), torch.tensor([4, -1, 0])
     ref = Reference(pool, slope, idx)
@@ -341,12 +364,12 @@ def test_launch_hooks_and_foreign_scale_take_tritons_launch(fake):
     triton.knobs.runtime.launch_enter_hook.add(hook)
     try:
         q = _inputs()[0]
-        assert cache.device_for(q, 0.5) is None
+        assert cache.device_for(q) is None
         _run_steps(2, pool, slope, idx, ref, seed=3)
     finally:
         triton.knobs.runtime.launch_enter_hook.remove(hook)
-    assert jit.direct_launches() == 1 and jit.declined == 2
-    assert cache.device_for(q, 1) is None and cache.device_for(q, 0.5) == -1
+    assert jit.direct_launches() == 1 and jit.normal_launches == 4
+    assert cache.device_for(q) == -1
     _run_steps(1, pool, slope, idx, ref, seed=6)
     assert jit.direct_launches() == 2 and cache.disabled is None
 
@@ -361,10 +384,10 @@ def test_bounded_entries_start_over(fake):
     assert len(cache.entries) == 1
 
 
-def test_decode_signature_cache_keeps_every_check(monkeypatch):
+def test_decode_signature_cache_keeps_every_check(configure):
     """A remembered signature skips only the structural checks; a call that differs in anything they read is
     checked in full, and the value checks (CPU tensors: always) run on every call."""
-    monkeypatch.setenv("LIGHTNING_ATTENTION_BACKEND", "torch")
+    configure(backend="torch")
     validation._DECODE_PASSED.clear()
     pool, slope, idx = torch.zeros(P, H, K, V), torch.rand(H), torch.tensor([4, -1, 0])
     q, k, v = _inputs()

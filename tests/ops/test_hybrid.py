@@ -6,7 +6,6 @@
 - bad chunk_size / eps / feature maps raise ValueError.
 """
 
-import importlib
 import os
 
 import pytest
@@ -112,30 +111,21 @@ def inter_reference_autograd(q, k, v, slope, C, scale, h0):
 
 
 @pytest.mark.parametrize("case", INTER_CASES, ids=_inter_case_id)
-def test_inter_torch_path(case, monkeypatch):
-    monkeypatch.setenv("LIGHTNING_ATTENTION_BACKEND", "torch")
+def test_inter_torch_path(case, configure):
+    configure(backend="torch")
     _check_inter(lightning_attn_inter, case)
 
 
-def _triton_inter_available() -> bool:
-    try:
-        module = importlib.import_module("lightning_attention.ops.lightning.chunk")
-    except ImportError:
-        return False
-    return hasattr(module, "lightning_attn_inter_triton")
-
-
-@pytest.mark.skipif(not _triton_inter_available(), reason="chunk.py does not provide lightning_attn_inter_triton")
 @pytest.mark.parametrize("case", INTER_CASES[:2] + INTER_CASES[3:], ids=_inter_case_id)
-def test_inter_triton_path(case, monkeypatch):
+def test_inter_triton_path(case, monkeypatch, configure):
     """The Triton inter-only mode through the dispatcher (under the interpreter on CPU); chunk sizes the kernel
     cannot walk (here 8) take the PyTorch path, and must still be right."""
-    monkeypatch.setenv("LIGHTNING_ATTENTION_BACKEND", "triton")
+    configure(backend="triton")
     assert os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
     calls = []
-    chunk = importlib.import_module("lightning_attention.ops.lightning.chunk")
-    original = chunk.lightning_attn_inter_triton
-    monkeypatch.setattr(chunk, "lightning_attn_inter_triton", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    from lightning_attention.ops.lightning import ops
+    original = ops.lightning_attn_inter_triton
+    monkeypatch.setattr(ops, "lightning_attn_inter_triton", lambda *a, **kw: calls.append(1) or original(*a, **kw))
     _check_inter(lightning_attn_inter, case)
     assert bool(calls) == triton_supports_chunk_size(case[5])
 

@@ -1,6 +1,6 @@
-"""The generic direct launch (kernels/launch.py) as the chunk kernels use it, on CPU: keyword constexprs, an autotuned
-kernel whose chosen configuration becomes part of the direct call, grids that are functions of the constexprs, and
-the fall-backs. The decode step's use of the same cache is covered by tests/ops/test_decode_launch.py.
+"""The direct launch (``ops/lightning/launch.py``) on CPU: keyword constexprs, an autotuned kernel whose chosen
+configuration becomes part of the direct call, grids that are functions of the constexprs, bound launches, and the
+fall-backs. The decode step's use of it is covered by tests/ops/test_decode_launch.py.
 
 No GPU here: a fake autotuner over a fake kernel behaves like triton 3.8's ``Autotuner.run`` -> ``JITFunction.run``
 on NVIDIA (specialise, pick or reuse a compiled kernel, call its launcher with every argument in signature order) and
@@ -14,7 +14,8 @@ import pytest
 import torch
 import triton
 
-from lightning_attention.ops.lightning.kernels import launch as klaunch
+from lightning_attention import settings
+from lightning_attention.ops.lightning import launch as klaunch
 
 STREAM = 0xC0FFEE
 ARG_NAMES = ["x", "out", "n", "A", "BLOCK"]  # the fake kernel's signature: 3 run-time arguments, 2 constexprs
@@ -88,22 +89,22 @@ class FakeAutotuner:
         return run
 
 
-class CpuLaunchCache(klaunch.LaunchCache):
+class CpuLauncher(klaunch.Launcher):
+    """A Launcher over a fake kernel on CPU tensors, with a fake driver (device -1 = CPU)."""
+
     cuda_only = False
 
     def reset(self):
         super().reset()
         self.disabled = None  # the fake kernel stands for a compiled one
 
-    def _bind(self):
+    def _bind_driver(self):
         self.get_device, self.get_stream, self._runtime = (lambda: -1), (lambda device: STREAM), triton.knobs.runtime
         return True
 
 
 def _launcher(kernel):
-    launcher = klaunch.DirectLauncher(kernel, "fake")
-    launcher.cache = CpuLaunchCache(kernel, name="fake")
-    return launcher
+    return CpuLauncher(kernel, "fake")
 
 
 def _call(launcher, x, out, A=2.0):
@@ -134,7 +135,7 @@ def test_autotuned_kernel_learns_verifies_then_launches_directly():
     (compiled,) = _compiled(kernel)
     assert kernel.fn.normal_launches == 2  # learn, verify; then direct
     assert compiled.calls == 5 and compiled.direct_calls == 3
-    (entry,) = launcher.cache.entries.values()
+    (entry,) = launcher.entries.values()
     assert entry.tail == (2.0, 32) and entry.config["BLOCK"] == 32  # the chosen BLOCK is in the direct call
 
 
@@ -146,15 +147,15 @@ def test_one_entry_serves_every_length_and_new_specialisations_get_their_own():
             x, out = torch.randn(n), torch.zeros(n)
             _call(launcher, x, out)
             torch.testing.assert_close(out, 2.0 * x)
-    assert len(launcher.cache.entries) == 1 and kernel.fn.normal_launches == 2
+    assert len(launcher.entries) == 1 and kernel.fn.normal_launches == 2
     x, out = torch.randn(33), torch.zeros(33)  # n % 16 != 0: another key, learnt again
     for _ in range(3):
         _call(launcher, x, out)
-    assert len(launcher.cache.entries) == 2 and kernel.fn.normal_launches == 4
+    assert len(launcher.entries) == 2 and kernel.fn.normal_launches == 4
     for _ in range(3):  # another constexpr value: another key
         _call(launcher, x, out, A=3.0)
     torch.testing.assert_close(out, 3.0 * x)
-    assert len(launcher.cache.entries) == 3 and kernel.fn.normal_launches == 6
+    assert len(launcher.entries) == 3 and kernel.fn.normal_launches == 6
 
 
 def test_exact_keys_alias_the_entry_of_their_specialisation():
@@ -172,7 +173,7 @@ def test_exact_keys_alias_the_entry_of_their_specialisation():
             torch.testing.assert_close(out, 2.0 * x)
     finally:
         klaunch.specialization_key = real_key
-    cache = launcher.cache
+    cache = launcher
     assert len(calls) == 2  # one per new exact key (n = 48, 4096), none for the repeats
     assert len(cache.entries) == 1 and len(cache.aliases) == 2
     assert len({id(e) for e in cache.aliases.values()}) == 1
@@ -187,7 +188,7 @@ def test_exact_keys_alias_the_entry_of_their_specialisation():
 
 
 def test_bound_launch_skips_the_key_and_stops_after_a_reset_or_with_a_hook():
-    """DirectLauncher.bind (what replays use): nothing to bind until the entry is verified; then a bound call
+    """Launcher.bind (what cached programs use): nothing to bind until the entry is verified; then a bound call
     launches the compiled kernel directly with new tensors of the same dtypes and alignments; after a reset, a
     disable or with a launch hook set it declines (returns False, launches nothing) and the caller launches in full."""
     kernel = FakeAutotuner(block=32)
@@ -204,7 +205,7 @@ def test_bound_launch_skips_the_key_and_stops_after_a_reset_or_with_a_hook():
     assert bind(x, out) is None  # learnt, not yet verified
     _call(launcher, x, out)
     bound = bind(x, out)
-    assert bound is not None and bound.grid3 == (2, 1, 1) and not bound.pointers  # CPU fake: tensors, not ints
+    assert bound is not None and bound.grid == (2, 1, 1) and not bound.pointers  # CPU fake: tensors, not ints
     (compiled,) = _compiled(kernel)
     direct = compiled.direct_calls
     x2, out2 = torch.randn(n), torch.full((n,), float("nan"))
@@ -219,7 +220,7 @@ def test_bound_launch_skips_the_key_and_stops_after_a_reset_or_with_a_hook():
         assert not bound((x2, out2, n), x2)
     finally:
         rt.launch_enter_hook = saved
-    launcher.cache.reset()
+    launcher.reset()
     out3 = torch.full((n,), float("nan"))
     assert not bound((x2, out3, n), x2) and torch.isnan(out3).all()
     assert compiled.direct_calls == direct + 1
@@ -234,7 +235,7 @@ def test_config_pre_hook_disables_for_good():
         x, out = torch.randn(16), torch.zeros(16)
         _call(launcher, x, out)
         torch.testing.assert_close(out, 2.0 * x)
-    assert launcher.cache.disabled and sum(c.direct_calls for c in _compiled(kernel)) == 0
+    assert launcher.disabled and sum(c.direct_calls for c in _compiled(kernel)) == 0
 
 
 def test_signature_default_not_passed_disables():
@@ -244,7 +245,7 @@ def test_signature_default_not_passed_disables():
     launcher = _launcher(kernel)
     with pytest.warns(RuntimeWarning, match="UNSEEN"):
         _call(launcher, torch.randn(16), torch.zeros(16))
-    assert launcher.cache.disabled
+    assert launcher.disabled
 
 
 def test_hidden_specialisation_disables_for_good():
@@ -261,7 +262,7 @@ def test_hidden_specialisation_disables_for_good():
         warnings.simplefilter("error")
         _call(launcher, x, out)
     torch.testing.assert_close(out, 2.0 * x)
-    assert launcher.cache.disabled and sum(c.direct_calls for c in _compiled(kernel)) == 0
+    assert launcher.disabled and sum(c.direct_calls for c in _compiled(kernel)) == 0
 
 
 def test_plain_kernel_with_keyword_constexprs_and_fixed_grid():
@@ -274,25 +275,37 @@ def test_plain_kernel_with_keyword_constexprs_and_fixed_grid():
         torch.testing.assert_close(out, 0.5 * x)
     (compiled,) = kernel.compiled.values()
     assert kernel.normal_launches == 2 and compiled.direct_calls == 2
-    (entry,) = launcher.cache.entries.values()
+    (entry,) = launcher.entries.values()
     assert entry.tail == (0.5, 16)  # num_warps is a launch option, not an argument
 
 
 def test_interpreter_and_cpu_tensors_take_tritons_launch():
-    """The real launchers under TRITON_INTERPRET=1 (CI): never a direct launch."""
-    from lightning_attention.ops.lightning import chunk
+    """The real launchers under TRITON_INTERPRET=1 (CI): never a direct launch. (The Gluon kernels have no
+    interpreter: they are only ever launched on an sm_90 GPU.)"""
+    from lightning_attention.ops.lightning import run
 
-    for launcher in (chunk._WALK, chunk._STATE, chunk._INTER_WALK, chunk._SCAN):
-        if isinstance(klaunch.jit_function(launcher.cache.kernel), klaunch.JITFunction):
+    for launcher in run.launchers():
+        if "two warpgroups" in launcher.name:
+            continue
+        if isinstance(launcher.jit, klaunch.JITFunction):
             pytest.skip("compiled Triton (no interpreter) in this process")
-        assert launcher.cache.disabled is not None
-        assert launcher.cache.device_for(torch.zeros(1)) is None
+        assert launcher.disabled is not None
+        assert launcher.device_for(torch.zeros(1)) is None
 
 
-def test_environment_turns_the_fast_path_off(monkeypatch):
-    monkeypatch.setenv(klaunch.ENV_DIRECT_LAUNCH, "0")
-    cache = klaunch.LaunchCache(FakeAutotuner())
-    assert cache.disabled == "LIGHTNING_ATTENTION_DIRECT_LAUNCH=0"
-    monkeypatch.setenv(klaunch.ENV_DIRECT_LAUNCH, "1")
-    cache.reset()
-    assert cache.disabled is not None  # a fake kernel is no compiled JITFunction: still off, for that reason
+def test_setting_turns_the_fast_path_off():
+    """direct_launch=False: every launch goes through Triton, and a bound launch declines."""
+    kernel = FakeAutotuner()
+    launcher = _launcher(kernel)
+    x, out = torch.randn(16), torch.zeros(16)
+    for _ in range(2):
+        _call(launcher, x, out)
+    bound = launcher.bind(lambda meta: (triton.cdiv(16, meta["BLOCK"]),), (x, out, 16), {"A": 2.0}, x)
+    assert bound is not None
+    with settings.override(direct_launch=False):
+        for _ in range(2):
+            _call(launcher, x, out)
+        assert not bound((x, out, 16), x)
+    assert kernel.fn.normal_launches == 4 and sum(c.direct_calls for c in _compiled(kernel)) == 0
+    _call(launcher, x, out)
+    assert sum(c.direct_calls for c in _compiled(kernel)) == 1

@@ -7,15 +7,15 @@ import pytest
 import torch
 
 import lightning_attention as la
-from lightning_attention.ops.lightning import chunk  # noqa: F401  (registers lightning_attention::chunk_fwd/bwd)
+from lightning_attention.ops.lightning import ops  # registers lightning_attention::chunk_fwd, chunk_bwd
 from lightning_attention.utils.testing import assert_close
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture(autouse=True)
-def triton_backend(monkeypatch):
-    monkeypatch.setenv("LIGHTNING_ATTENTION_BACKEND", "triton")
+def _triton(triton_backend):
+    return triton_backend
 
 
 def _tensors(T=40, H=2, K=16, V=32, N=1, dtype=torch.float32, seed=0):
@@ -52,10 +52,10 @@ def test_opcheck_backward_op():
     )
 
 
-def test_opcheck_segmented_forward_and_backward_with_saved_states(monkeypatch):
+def test_opcheck_segmented_forward_and_backward_with_saved_states(configure):
     """A segmented plan: the forward op's third output (the segment states, shaped by the fake from the plan) and
     the backward op taking them back."""
-    monkeypatch.setenv("LIGHTNING_ATTENTION_SEGMENT_LEN", "16")
+    configure(segment_len=16)
     q, k, v, h0, slope = _tensors()
     fwd_args = (q, k, v, slope, h0, None, None, 0.5, True)
     torch.library.opcheck(torch.ops.lightning_attention.chunk_fwd.default, fwd_args, test_utils=OPCHECK_TESTS)
@@ -120,35 +120,35 @@ def test_torch_compile_fullgraph_varlen_inductor():
 def test_forward_fake_plans_segments_from_symbolic_cuda_sizes(monkeypatch):
     """The forward op's fake on CUDA tensors of symbolic size (torch.compile with dynamic shapes, op called directly):
     the segment plan is a search over ints, so the sizes specialise (guards) instead of failing to hash a SymInt.
-    No GPU needed: a fake tensor that says it is on CUDA, and a GPU that runs 264 walk programs at once."""
+    No GPU needed: a fake tensor that says it is on CUDA, on a device the plan takes for an H100."""
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
-    monkeypatch.delenv("LIGHTNING_ATTENTION_SEGMENT_LEN", raising=False)
-    # 132 SMs, 2 programs of 64-wide value tiles each
-    monkeypatch.setattr(chunk, "_walk_occupancy", lambda index, DK, DV, elem_bytes, state_bytes: (264, 64))
-    monkeypatch.setattr(chunk, "_sm_count", lambda index: 132)
+    from lightning_attention.ops.lightning import device
+
+    monkeypatch.setattr(ops, "device_info", lambda d: device.H100)
     shape_env = ShapeEnv()
     mode = FakeTensorMode(shape_env=shape_env)
     dynamic = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * 2 + [DimDynamic.STATIC] * 2)
-    real = torch.empty(4, 16384, 16, 128, dtype=torch.bfloat16, device="meta")  # made outside the mode: not fake yet
+    real = torch.empty(2, 32768, 16, 128, dtype=torch.bfloat16, device="meta")  # made outside the mode: not fake yet
     with mode:
         meta = mode.from_tensor(real, symbolic_context=dynamic)
     q = FakeTensor(mode, meta, torch.device("cuda", 0))
     assert isinstance(q.shape[1], torch.SymInt)
+    fake = ops.chunk_fwd.op._abstract_fn
     with mode:
-        o, ht, states = chunk.chunk_fwd_op._abstract_fn(q, q, q, None, None, None, None, 1.0, False)
-        _, _, no_states = chunk.chunk_fwd_op._abstract_fn(q, q, q, None, None, None, None, 1.0, False, 0, False)
+        o, ht, states = fake(q, q, q, None, None, None, None, 1.0, False)
+        _, _, no_states = fake(q, q, q, None, None, None, None, 1.0, False, 0, False)
     assert o.shape == q.shape and ht.shape == (0,)
-    assert states.shape == (8, 16, 128, 128)  # 4 sequences x 2 segments of 8K (264 slots): the plan of these sizes
+    assert states.shape == (4, 16, 128, 128)  # 2 sequences x 2 segments of 16K on an H100: the plan of these sizes
     assert shape_env.guards  # ... specialised on them
     assert no_states.shape == (0,)  # save_states=False (what LightningAttnFunction passes while compiling)
 
 
-def test_torch_compile_dynamic_lengths_on_segments(monkeypatch):
+def test_torch_compile_dynamic_lengths_on_segments(configure):
     """torch.compile(dynamic=True) over two lengths with the segmented path: the Function asks for no segment states
     while compiling (the backward recomputes them), so nothing specialises on T; values as in eager mode."""
-    monkeypatch.setenv("LIGHTNING_ATTENTION_SEGMENT_LEN", "16")
+    configure(segment_len=16)
 
     def layer(q, k, v):
         o, _ = la.lightning_attn(q, k, v, None, scale=0.5)

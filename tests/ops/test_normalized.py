@@ -217,18 +217,9 @@ def test_bad_state_and_inputs():
         normalized_linear_attn(q, k, v[:, :3])
 
 
-def _triton_chunk_available() -> bool:
-    try:
-        from lightning_attention.ops.lightning.chunk import chunk_lightning_attn_triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _triton_chunk_available(), reason="the Triton kernels (ops/lightning/chunk.py) are missing")
-def test_triton_backend_matches_reference(monkeypatch):
+def test_triton_backend_matches_reference(configure):
     """The same op on our Triton kernels (interpreter on CPU): v' = [v, 1] with V + 1 = 32, forward and gradients."""
-    monkeypatch.setenv("LIGHTNING_ATTENTION_BACKEND", "triton")
+    configure(backend="triton")
     B, T, H, K, V = 1, 50, 2, 16, 31
     q, k, v = make_inputs(B, T, H, K, V, torch.float32)
     slope = torch.tensor([0.0, 0.3])

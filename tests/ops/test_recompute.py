@@ -190,16 +190,12 @@ def test_recompute_bwd_custom_op_opcheck():
     assert_close("dq", dq, ref[0], q.dtype)
 
 
-def test_lightning_attn_backward_recompute_end_to_end(monkeypatch):
+def test_lightning_attn_backward_recompute_end_to_end(monkeypatch, configure):
     """``lightning_attn(..., backward="recompute")`` runs this backward and matches the float64 reference."""
     import lightning_attention as la
     from lightning_attention.ops.lightning import recompute
 
-    try:
-        from lightning_attention.ops.lightning import chunk  # noqa: F401
-    except ImportError as e:
-        pytest.skip(f"the Triton forward (ops/lightning/chunk.py) that dispatches backward='recompute' is missing: {e}")
-    monkeypatch.setenv("LIGHTNING_ATTENTION_BACKEND", "triton")
+    configure(backend="triton")
     calls = []
     original = recompute.recompute_config
     monkeypatch.setattr(recompute, "recompute_config", lambda *a: calls.append(a) or original(*a))

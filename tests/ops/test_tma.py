@@ -1,83 +1,73 @@
-"""When the walk moves its tiles through tensor descriptors (``ops/lightning/tma.py``), and that each launch follows
-that rule: the descriptor path wherever TMA's 16-byte rules hold, the pointer path elsewhere (and in the inter-only
-mode), and Triton's scratch allocator set only where none is. The values of both paths are checked against float64
-in ``test_chunk.py``."""
+"""When the walk moves its tiles through tensor descriptors (``plan.tma_ready``), and that each launch of a program
+follows that rule: the descriptor path wherever TMA's 16-byte rules hold, the pointer path elsewhere (and in the
+inter-only mode), and Triton's scratch allocator set only where none is. The values of both paths are checked
+against float64 in ``test_chunk.py``."""
 
 import contextvars
 
 import pytest
 import torch
 
-import lightning_attention as la
-from lightning_attention.ops.lightning import chunk, tma
+from lightning_attention.ops.lightning import plan, run, tma
+from lightning_attention.ops.lightning.device import H100, INTERPRETER, DeviceInfo
+from lightning_attention.ops.lightning.plan import TensorSpec
+from lightning_attention.settings import Settings
+from tests.ops.test_plan import problem
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ON = Settings()
 
 
-def _x(*shape, dtype=torch.bfloat16):
-    return torch.randn(*shape, device=DEVICE).to(dtype)
+def _spec(*shape, dtype=torch.bfloat16):
+    return TensorSpec.of(torch.randn(*shape).to(dtype))
 
 
 def test_contiguous_inputs_are_ready():
-    assert tma.tma_ready(_x(2, 8, 3, 64), _x(2, 8, 3, 64), _x(2, 8, 3, 48))
+    assert plan.tma_ready(H100, ON, _spec(2, 8, 3, 64), _spec(2, 8, 3, 64), _spec(2, 8, 3, 48))
 
 
 @pytest.mark.parametrize(
     "make, why",
     [
-        (lambda: _x(1, 8, 3, 100), "head stride 200 B"),
-        (lambda: _x(1, 8, 3, 72)[..., 4:68], "starts 8 B into a row"),
-        (lambda: _x(1, 8, 3, 64, dtype=torch.float16).transpose(-1, -2), "last dim not contiguous"),
-        (lambda: _x(1, 9, 64)[:, 1:].reshape(1, 8, 1, 64), "start 128 B in, token stride 128 B: ready"),
+        (lambda: torch.randn(1, 8, 3, 100).bfloat16(), "head stride 200 B"),
+        (lambda: torch.randn(1, 8, 3, 72).bfloat16()[..., 4:68], "starts 8 B into a row"),
+        (lambda: torch.randn(1, 8, 3, 64).half().transpose(-1, -2), "last dim not contiguous"),
+        (lambda: torch.randn(1, 9, 64).bfloat16()[:, 1:].reshape(1, 8, 1, 64), "start 128 B in, token stride 128 B: ready"),
     ],
 )
 def test_the_16_byte_rules(make, why):
-    x = make()
     expected = why.endswith("ready")
-    assert tma.tma_ready(x) is expected, why
+    assert plan.tma_ready(H100, ON, TensorSpec.of(make())) is expected, why
 
 
-def test_switched_off_by_the_environment(monkeypatch):
-    monkeypatch.setenv(tma.ENV_TMA, "0")
-    assert not tma.tma_ready(_x(1, 8, 2, 64))
+def test_only_on_sm90_and_the_interpreter_and_not_when_switched_off():
+    x = _spec(1, 8, 2, 64)
+    assert plan.tma_ready(INTERPRETER, ON, x)  # CPU tests run the path an H100 runs
+    assert not plan.tma_ready(DeviceInfo.of_capability(80, sm_count=108), ON, x)
+    assert not plan.tma_ready(H100, Settings(tma=False), x)
 
 
-def _launches(monkeypatch) -> list:
-    """Records ``USE_TMA`` of every walk launch (main walk, pre-pass, inter-only walk)."""
-    seen = []
-    for name in ("_WALK", "_STATE", "_INTER_WALK"):
-        launcher = getattr(chunk, name)
-
-        def record(grid, args, constexprs, x, launcher=launcher, name=name):
-            seen.append((name, constexprs["USE_TMA"]))
-            return launcher(grid, args, constexprs, x)
-
-        monkeypatch.setattr(chunk, name, record)
-    return seen
+def _use_tma(program) -> list:
+    return [launch.constexprs["USE_TMA"] for launch in program.launches if "USE_TMA" in launch.constexprs]
 
 
 @pytest.mark.parametrize("K, expected", [(64, True), (100, False)])
-def test_each_walk_launch_follows_the_rule(monkeypatch, K, expected):
+def test_each_walk_launch_follows_the_rule(K, expected):
     """Forward, pre-pass and the three backward walks of a segmented call: descriptors at K = 64, pointers at
     K = 100 (a bf16 head stride of 200 B)."""
-    monkeypatch.setenv("LIGHTNING_ATTENTION_BACKEND", "triton")
-    monkeypatch.setenv("LIGHTNING_ATTENTION_SEGMENT_LEN", "32")
-    seen = _launches(monkeypatch)
-    q, k, v = (_x(1, 80, 2, K).requires_grad_() for _ in range(3))
-    o, _ = la.lightning_attn(q, k, v, torch.full((2,), 0.1, device=DEVICE))
-    o.float().sum().backward()
-    kinds = {name for name, _ in seen}
-    assert kinds == {"_WALK", "_STATE"}, seen
-    assert all(use is expected for _, use in seen), seen
+    forward = run.forward_program(problem(B=1, T=80, H=2, K=K, V=K, device=INTERPRETER, segment_len=32))
+    backward = run.backward_program(problem(B=1, T=80, H=2, K=K, V=K, device=INTERPRETER, segment_len=32,
+                                            backward=True))  # fmt: skip
+    uses = _use_tma(forward) + _use_tma(backward)
+    assert len(uses) == 2 + 5  # pre-pass and walk; two pre-passes and three walks
+    assert all(use is expected for use in uses), uses
 
 
-def test_inter_only_mode_uses_pointers(monkeypatch):
+def test_inter_only_mode_uses_pointers():
     """The inter-only walk's chunks are shorter than its tile: a descriptor would read and write the next chunk's
-    rows, so it keeps the masked pointer path."""
-    seen = _launches(monkeypatch)
-    q, k, v = (_x(1, 64, 2, 32) for _ in range(3))
-    chunk.lightning_attn_inter_triton(q, k, v, torch.full((2,), 0.1, device=DEVICE), chunk_size=16)
-    assert ("_INTER_WALK", False) in seen, seen
+    rows, so it keeps the masked pointer path (its pre-pass, which does not chunk, may use descriptors)."""
+    program = run.forward_program(problem(B=1, T=64, H=2, K=32, V=32, device=INTERPRETER, inter_chunk=16))
+    (walk,) = program.launches
+    assert walk.constexprs["INTER_ONLY"] and walk.constexprs["USE_TMA"] is False
 
 
 def test_allocator_set_only_where_none_is():

@@ -1,10 +1,10 @@
-"""Every bad input of DESIGN §2 raises ValueError/TypeError naming the argument (one case each)."""
+"""Every bad input of the public functions raises ValueError/TypeError naming the argument (one case each)."""
 
 import pytest
 import torch
 
 import lightning_attention as la
-from lightning_attention.backend import backend_name
+from lightning_attention import settings
 
 B, T, H, K, V = 2, 8, 3, 16, 24
 
@@ -124,10 +124,45 @@ def test_decode_rejects(name, overrides, kwargs, error, fragment):
         la.lightning_attn_decode(args["q"], args["k"], args["v"], args["state"], **kwargs)
 
 
-def test_backend_variable_is_validated(monkeypatch):
-    monkeypatch.setenv("LIGHTNING_ATTENTION_BACKEND", "cuda")
+def test_settings_are_validated():
+    """Every variable is read and checked once; a wrong value names the variable."""
     with pytest.raises(ValueError, match="LIGHTNING_ATTENTION_BACKEND"):
-        backend_name()
+        settings.from_environment({"LIGHTNING_ATTENTION_BACKEND": "cuda"})
+    with pytest.raises(ValueError, match="LIGHTNING_ATTENTION_SEGMENT_LEN"):
+        settings.from_environment({"LIGHTNING_ATTENTION_SEGMENT_LEN": "100"})
+    with pytest.raises(ValueError, match="LIGHTNING_ATTENTION_TMA"):
+        settings.from_environment({"LIGHTNING_ATTENTION_TMA": "maybe"})
+    with pytest.raises(ValueError, match="unknown key"):
+        settings.from_environment({"LIGHTNING_ATTENTION_KERNEL_CONFIG": "BT=64,warp_spec=1"})
+    with pytest.raises(ValueError, match="LIGHTNING_ATTENTION_BACKEND"):
+        with settings.override(backend="cuda"):
+            pass
+    got = settings.from_environment({
+        "LIGHTNING_ATTENTION_BACKEND": "Triton", "LIGHTNING_ATTENTION_DEBUG": "1", "LIGHTNING_ATTENTION_TMA": "0",
+        "LIGHTNING_ATTENTION_KERNEL_CONFIG": "BT=32,num_stages=2", "LIGHTNING_ATTENTION_PREPASS_LEN": "0",
+        "OTHER": "x",
+    })  # fmt: skip
+    assert got == settings.Settings(backend="triton", debug=True, tma=False, prepass_len=0,
+                                    kernel_config=settings.KernelPin(BT=32, num_stages=2))  # fmt: skip
+
+
+def test_removed_variables_warn_once_at_import():
+    """A variable that no longer has an effect is named in one warning when the package is imported."""
+    import subprocess
+    import sys
+
+    env = {"LIGHTNING_ATTENTION_REPLAY": "0", "PATH": "/usr/bin:/bin"}
+    code = "import warnings; warnings.simplefilter('always'); import lightning_attention"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("LIGHTNING_ATTENTION_REPLAY is set but no longer has an effect") == 1, proc.stderr
+
+
+def test_override_is_scoped():
+    before = settings.current()
+    with settings.override(segment_len=32, kernel_config="BT=64,BV=32") as inside:
+        assert settings.current() is inside and inside.segment_len == 32 and inside.kernel_config.BV == 32
+    assert settings.current() is before
 
 
 def test_conftest_poisons_package_allocations():

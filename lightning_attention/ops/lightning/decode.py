@@ -4,7 +4,7 @@ Linear attention needs no KV cache: one ``[H, K, V]`` float32 state per sequence
 constant however many tokens are generated. States live in a pool ``[P, H, K, V]``; ``state_indices`` says which
 row belongs to which sequence of the batch (``-1`` marks a padding slot).
 
-Same semantics as :func:`lightning_attention.lightning_attn` (DESIGN §1), one step at a time::
+Same semantics as :func:`lightning_attention.lightning_attn` (docs/design.md, "Semantics"), one step at a time::
 
     S = λ · S + kᵀ v        (inclusive: the token is added before it is read)
     o = scale · q · S
@@ -14,13 +14,13 @@ prefill continues from a pool row with ``initial_state=pool[idx]``. Prefill and 
 (``[K, V]`` per head, float32) and one decay definition, so the state a prefill returns is exactly the state the
 next decode step expects; ``docs/decode.md`` walks through a serving loop (pool, padding slots, CUDA graphs).
 
-On the Triton backend the step is :func:`lightning_attention.ops.lightning.kernels.decode.decode_step_triton`
+On the Triton backend the step is :func:`lightning_attention.ops.lightning.decode_triton.decode_step_triton`
 (registered as ``torch.ops.lightning_attention.decode_step``); on CPU tensors by default, the PyTorch path below.
 """
 
 import torch
 
-from lightning_attention.backend import use_triton
+from lightning_attention.backend import triton_ops, use_triton
 from lightning_attention.ops.lightning.naive import compute_dtype
 from lightning_attention.ops.lightning.validation import check_decode_inputs
 
@@ -77,11 +77,8 @@ def lightning_attn_decode(
     Host overhead (a decode step at small batch is bound by it, not by the GPU): the structural checks are
     remembered per signature of shapes, dtypes and devices (:func:`~lightning_attention.ops.lightning.validation.
     check_decode_inputs`) and, in plain eager mode on CUDA, the compiled kernel is launched directly once Triton's
-    own launch has been checked against it (:class:`~lightning_attention.ops.lightning.kernels.decode.LaunchCache`).
-    Measured on CPU (Python 3.11, torch 2.13, 2-core Xeon VM, B = 1 and 8, H = 16, K = V = 128, launcher mocked):
-    this function costs ~8.5 µs per step before the launcher's C call (the uncached checks alone take 5.4 µs).
-    Before, a step cost ~48 µs host-inclusive on an H100 host (torch 2.11, triton 3.6) at batch 1 and 8: ~9 µs of
-    this package's Python and most of the rest in Triton's ``JITFunction.run``, which the direct launch skips.
+    own launch has been checked against it (:mod:`~lightning_attention.ops.lightning.launch`); docs/kernels.md,
+    "Decode", gives the measured costs.
 
     Example (prefill, then decode from the pool)::
 
@@ -118,12 +115,10 @@ _DECODE_STEP_TRITON = None
 
 
 def _triton_step():
-    """:func:`~lightning_attention.ops.lightning.kernels.decode.decode_step_triton`, imported on first use (Triton
-    stays unimported on the PyTorch path) and then kept: an import statement per step costs host time too. (A plain
-    global rather than ``functools.cache``, which torch.compile warns about.)"""
+    """The Triton step, imported on first use (Triton stays unimported on the PyTorch path) and then kept: an import
+    per step costs host time too. (A plain global rather than ``functools.cache``, which torch.compile warns
+    about.)"""
     global _DECODE_STEP_TRITON
     if _DECODE_STEP_TRITON is None:
-        from lightning_attention.ops.lightning.kernels.decode import decode_step_triton
-
-        _DECODE_STEP_TRITON = decode_step_triton
+        _DECODE_STEP_TRITON = triton_ops().decode_step_triton
     return _DECODE_STEP_TRITON

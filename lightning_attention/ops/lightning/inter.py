@@ -3,22 +3,23 @@
 Chunks of C = ``chunk_size`` tokens start at token 0 of every sequence (of every packed sequence with
 ``cu_seqlens``). For token t of a chunk starting at c0, per head with λ = exp(-slope)::
 
-    o_t = scale · λ^(t-c0+1) · q_t · S_{c0-1}        S_{c0-1}: the DESIGN §1 state after every token before c0
+    o_t = scale · λ^(t-c0+1) · q_t · S_{c0-1}        S_{c0-1}: the state after every token before c0
                                                       (S_{-1} = h0), i.e. the current chunk is excluded
     final_state = S_{T-1}                             (the full state, current chunk included)
 
 Adding the intra-chunk part ``scale · Σ_{c0≤s≤t} λ^(t-s) (q_t·k_s) v_s`` gives back ``lightning_attn``. The hybrid
-attention of seed 004 (:mod:`lightning_attention.ops.hybrid`) replaces that intra part with softmax attention.
+attention (:mod:`lightning_attention.ops.hybrid`) replaces that intra part with softmax attention.
 
-Backends (``LIGHTNING_ATTENTION_BACKEND``, :mod:`lightning_attention.backend`): the Triton kernels'
-``lightning_attention.ops.lightning.chunk.lightning_attn_inter_triton`` when the backend resolves to Triton and
-``chunk_size`` is a multiple of 16 up to 256 (the kernel's chunk tile); the PyTorch path
+Backends (the ``backend`` setting, :mod:`lightning_attention.backend`): the Triton kernels'
+``lightning_attention.ops.lightning.ops.lightning_attn_inter_triton`` when the backend resolves to Triton and
+``chunk_size`` is a multiple of 16 up to 256 (the kernel's chunk tile) whose tiles fit the GPU; the PyTorch path
 :func:`inter_lightning_attn_torch` otherwise (CPU, backend ``torch``, other chunk sizes).
 """
 
 import torch
 
-from lightning_attention.backend import use_triton
+from lightning_attention.backend import triton_ops, use_triton
+from lightning_attention.ops.lightning.device import device_info
 from lightning_attention.ops.lightning.naive import chunk_lightning_attn
 from lightning_attention.ops.lightning.validation import check_lightning_attn_inputs
 
@@ -59,18 +60,10 @@ def triton_supports_chunk_size(chunk_size: int, q: torch.Tensor | None = None, v
         return False
     if q is None or v is None or not q.is_cuda:
         return True
-    from lightning_attention.ops.lightning.kernels.configs import inter_only_fits, shared_limit
+    from lightning_attention.ops.lightning.kernels.configs import inter_only_fits
 
-    return inter_only_fits(chunk_size, q.shape[-1], v.shape[-1], q.element_size(), shared_limit())
-
-
-def _triton_inter():
-    """The Triton inter-only function, or None while the kernels do not provide it (or triton is missing)."""
-    try:
-        from lightning_attention.ops.lightning.chunk import lightning_attn_inter_triton
-    except ImportError:
-        return None
-    return lightning_attn_inter_triton
+    limit = device_info(q.device).shared_per_block
+    return inter_only_fits(chunk_size, q.shape[-1], v.shape[-1], q.element_size(), limit)
 
 
 def lightning_attn_inter(
@@ -106,12 +99,10 @@ def lightning_attn_inter(
     )
     chunk_size = check_chunk_size(chunk_size)
     if use_triton(q) and triton_supports_chunk_size(chunk_size, q, v):
-        fn = _triton_inter()
-        if fn is not None:
-            return fn(
-                q, k, v, slope, chunk_size=chunk_size, scale=float(scale), initial_state=initial_state,
-                output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-            )
+        return triton_ops().lightning_attn_inter_triton(
+            q, k, v, slope, chunk_size=chunk_size, scale=float(scale), initial_state=initial_state,
+            output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+        )
     # The PyTorch path computes in float32 on purpose: keep autocast from lowering its einsums to bf16.
     with torch.autocast(device_type=q.device.type, enabled=False):
         o, final_state = inter_lightning_attn_torch(

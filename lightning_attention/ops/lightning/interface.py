@@ -1,26 +1,15 @@
 """Public entry points: :func:`lightning_attn` and the drop-in :func:`lightning_attn_func`.
 
-This layer validates, picks the backend (``LIGHTNING_ATTENTION_BACKEND``, see :mod:`lightning_attention.backend`)
-and calls either the Triton kernels (:mod:`lightning_attention.ops.lightning.chunk`) or the PyTorch chunked path
+This layer validates, picks the backend (the ``backend`` setting, :mod:`lightning_attention.backend`) and calls
+either the Triton kernels (:mod:`lightning_attention.ops.lightning.ops`) or the PyTorch chunked path
 (:func:`lightning_attention.ops.lightning.naive.chunk_lightning_attn`).
 """
 
 import torch
 
-from lightning_attention.backend import use_triton
+from lightning_attention.backend import triton_ops, use_triton
 from lightning_attention.ops.lightning import naive
 from lightning_attention.ops.lightning.validation import check_lightning_attn_inputs
-
-
-def _triton_lightning_attn():
-    try:
-        from lightning_attention.ops.lightning.chunk import chunk_lightning_attn_triton
-    except ImportError as e:  # triton missing (e.g. not Linux)
-        raise NotImplementedError(
-            "The Triton backend is not available here "
-            f"({e}); set LIGHTNING_ATTENTION_BACKEND=torch to use the PyTorch path"
-        ) from e
-    return chunk_lightning_attn_triton
 
 
 def lightning_attn(
@@ -86,7 +75,7 @@ def lightning_attn(
         backward=backward,
     )
     if use_triton(q):
-        return _triton_lightning_attn()(
+        return triton_ops().chunk_lightning_attn_triton(
             q,
             k,
             v,

@@ -19,11 +19,12 @@ Incoming state, exponent offset d0 and the final dh0 = λ^(d0)·G follow the rev
 (``SEG_IN`` reads the scan's incoming G of the segment, ``USE_H0`` reads dht, not decayed before the first token).
 """
 
+import functools
+
 import triton
 import triton.language as tl
 
-from lightning_attention.ops.lightning.kernels.configs import dkdv_autotune_configs, dkdv_prune_configs
-from lightning_attention.ops.lightning.kernels.walk import _CACHE, RCP_LN2, _segment, decayed_scores
+from lightning_attention.ops.lightning.kernels.walk import AUTOTUNE_CACHE, RCP_LN2, _segment, decayed_scores
 
 
 @triton.jit(do_not_specialize=["T", "NS", "SEG", "CS"])
@@ -168,17 +169,12 @@ def _dkdv_walk_kernel(
 
 _AUTOTUNE_KEY = ["DK", "DV", "VARLEN", "HAS_DECAY", "SEG_IN", "USE_H0", "INTER_ONLY"]
 
-lightning_dkdv_kernel = triton.autotune(
-    configs=dkdv_autotune_configs(),
-    key=_AUTOTUNE_KEY,
-    prune_configs_by={"early_config_prune": dkdv_prune_configs},
-    **_CACHE,
-)(_dkdv_walk_kernel)
+dkdv_kernel = _dkdv_walk_kernel
 
-# BT given by the caller (the inter-only mode, whose chunks are part of its output)
-lightning_dkdv_fixed_bt_kernel = triton.autotune(
-    configs=dkdv_autotune_configs(fixed_bt=True),
-    key=_AUTOTUNE_KEY + ["BT"],
-    prune_configs_by={"early_config_prune": dkdv_prune_configs},
-    **_CACHE,
-)(_dkdv_walk_kernel)
+
+@functools.lru_cache(maxsize=None)
+def tuned_dkdv_kernel(configs: tuple[triton.Config, ...]):
+    """The fused dk/dv walk autotuned over ``configs`` (the plan's candidates, ``configs.dkdv_candidates``); where
+    they leave BT to the caller (the inter-only mode fixes it), BT joins the key."""
+    key = _AUTOTUNE_KEY if "BT" in configs[0].kwargs else [*_AUTOTUNE_KEY, "BT"]
+    return triton.autotune(configs=list(configs), key=key, **AUTOTUNE_CACHE)(_dkdv_walk_kernel)

@@ -38,12 +38,12 @@ kernel (Hopper's copy engine: rows past the segment's end and columns past the h
 written; ``ops/lightning/tma.py`` says when), else through pointers with masks.
 """
 
+import functools
 import inspect
 
 import triton
 import triton.language as tl
 
-from lightning_attention.ops.lightning.kernels.configs import walk_autotune_configs, walk_prune_configs
 
 RCP_LN2: tl.constexpr = tl.constexpr(1.4426950408889634)  # log2(e): exp(-s·x) == exp2(-s·log2(e)·x)
 
@@ -134,13 +134,12 @@ def _walk_kernel(
     SEG_IN: tl.constexpr,
     STATE_ONLY: tl.constexpr,
     SKIP_FINAL: tl.constexpr,  # STATE_ONLY without a final state: the walk's last segment is not walked
-    INTER_ONLY: tl.constexpr,  # o without its intra-chunk term (hybrid attention, issue 7)
+    INTER_ONLY: tl.constexpr,  # o without its intra-chunk term (the linear half of hybrid attention)
     INTER_APART: tl.constexpr,  # q·S added after the intra product, not its accumulator (configs.walk_config)
     USE_TMA: tl.constexpr,  # tiles moved by tensor descriptors (sm_90 TMA); the host checks alignment, C == BT
     ACC: tl.constexpr,  # tl.float32 (tl.float64 for fp64 inputs under the interpreter)
     DOT_PREC: tl.constexpr,  # "ieee" for fp32/fp64 operands, else the tensor-core default
     INTER_PREC: tl.constexpr,  # (q·λ)·S: "ieee" (fp32 inputs), "tf32" (fp32 operands), "input" (bf16 operands)
-    WARP_SPEC: tl.constexpr,  # the chunk loop warp-specialised by Triton (a probe's pin only: configs.walk_config)
 ):
     # grid: one program per (V tile, head, segment), V tile fastest so the programs that share a (segment, head)
     # run side by side and read its q/k tiles through L2 once
@@ -210,8 +209,7 @@ def _walk_kernel(
             n_chunks = tl.where(first, 0, n_chunks)
         else:
             n_chunks = tl.where(last, 0, n_chunks)
-    # the pre-pass (STATE_ONLY) is never warp-specialised: Triton 3.6's pass fails on its loop
-    for i_c in tl.range(0, n_chunks, warp_specialize=WARP_SPEC and not STATE_ONLY):
+    for i_c in tl.range(0, n_chunks):
         if REVERSE:
             lo = bos + (n_chunks - 1 - i_c) * C
         else:
@@ -293,34 +291,22 @@ def _walk_kernel(
 
 
 # tuning results cached on disk where this Triton has the option (3.3+): a new process skips the tuning runs
-_CACHE = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
-# WAVES: whether the grid fits the GPU in one round decides the best pipeline depth (K = 128 on an H100 through
-# pointers: three stages, one program per SM, for a grid of <= 132 programs; two stages, two per SM, for the
-# backward's walks of larger grids), so the two are tuned apart; USE_TMA too (with descriptors four and three stages
-# are the pair, configs.PREFERRED_BY_BK_TMA); the rest of the shape (T, batch) is left out of the key
+AUTOTUNE_CACHE = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
+# WAVES: whether the grid fits the GPU in one round decides the best pipeline depth (two walks of one shape class
+# may want different stages), so the two are tuned apart; the rest of the shape (T, batch) is left out of the key
 _AUTOTUNE_KEY = [
     "DK", "DV", "VARLEN", "REVERSE", "HAS_DECAY", "STATE_ONLY", "SEG_IN", "USE_H0", "INTER_ONLY", "USE_TMA", "WAVES",
 ]  # fmt: skip
 
-# BT and BV tuned: the full op (its chunk size is an implementation detail)
-lightning_walk_kernel = triton.autotune(
-    configs=walk_autotune_configs(),
-    key=_AUTOTUNE_KEY,
-    prune_configs_by={"early_config_prune": walk_prune_configs},
-    **_CACHE,
-)(_walk_kernel)
+# the plain kernel: launched with one configuration passed explicitly (a pin, float32, the inter-only mode)
+walk_kernel = _walk_kernel
 
-# the segment pre-pass (STATE_ONLY): its own space, see configs._STATE_SPACE
-lightning_state_kernel = triton.autotune(
-    configs=walk_autotune_configs(state_only=True),
-    key=_AUTOTUNE_KEY,
-    prune_configs_by={"early_config_prune": walk_prune_configs},
-    **_CACHE,
-)(_walk_kernel)
 
-# the inter-only mode (BT given by the caller with the chunk size CS: its chunks are part of its output): not
-# autotuned, launched with configs.inter_only_config passed explicitly
-lightning_inter_walk_kernel = _walk_kernel
+@functools.lru_cache(maxsize=None)
+def tuned_walk_kernel(configs: tuple[triton.Config, ...]):
+    """The walk autotuned over ``configs`` (the plan's candidates, ``configs.walk_candidates``): one autotuner per
+    candidate list, so the plan's selector is the only one."""
+    return triton.autotune(configs=list(configs), key=_AUTOTUNE_KEY, **AUTOTUNE_CACHE)(_walk_kernel)
 
 
 @triton.jit(do_not_specialize=["T", "NS", "SEG", "FNS", "FSEG", "F0", "SPLIT"])

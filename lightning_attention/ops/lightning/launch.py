@@ -1,13 +1,14 @@
-"""Direct kernel launches: a compiled Triton kernel launched without ``JITFunction.run`` once Triton has shown how.
+"""The one way this library launches a Triton kernel: the compiled kernel called directly once Triton has shown how.
 
 Why. ``JITFunction.run`` (and ``Autotuner.run`` in front of it) spends tens of µs of host time per launch binding
-and specialising every argument, building string keys and looking up caches; the walk kernel has ~55 arguments.
-On an H100 host a chunk fwd+bwd spent ~1.5 ms of host time for 0.6-1.2 ms of GPU time, ~2.6 ms on the segmented
-path (8 launches; ``benchmarks/NOTES-kernels.md``), and a batch-1 decode step ~48 µs for 6.8 µs of GPU time.
+and specialising every argument, building string keys and looking up caches; the walk kernel has ~55 arguments. On
+an H100 host a chunk fwd+bwd spent ~1.5 ms of host time for 0.6-1.2 ms of GPU time, and a batch-1 decode step
+~48 µs for 6.8 µs of GPU time (docs/kernels.md, "Host overhead"). The chunk walks, the recompute backward and the
+decode step all launch through a :class:`Launcher`.
 
-How. :class:`LaunchCache` keeps, per launch key (the caller's: never coarser than Triton's specialisation), the
-``CompiledKernel`` that Triton's normal launch returned and then calls its launcher itself, passing exactly what
-``JITFunction.run`` passes (triton 3.4 to 3.8)::
+How. A :class:`Launcher` keeps, per launch key (never coarser than Triton's specialisation), the ``CompiledKernel``
+that Triton's normal launch returned, and then calls its launcher itself, passing exactly what ``JITFunction.run``
+passes (triton 3.4 to 3.8)::
 
     compiled.run(grid0, grid1, grid2, stream, compiled.function, compiled.packed_metadata,
                  launch_metadata, enter_hook, exit_hook, *all_arguments_in_signature_order)
@@ -22,27 +23,25 @@ fast path would pass (same grid, stream, function handle, metadata, and each arg
 included); only then do later calls use the launcher directly. Anything unexpected — another compiled kernel (the
 key missed a specialisation), another calling convention, an attribute that is not there, a
 ``TypeError``/``AttributeError`` from the launcher (raised while it parses its arguments, before it launches), a
-configuration pre-hook — disables the fast path of that cache for good (with one warning) and that call and every
-later one go through Triton's normal launch. A new key always starts again with Triton's launch.
+configuration pre-hook, a constexpr left to its default — disables the fast path of that launcher for good (with one
+warning) and that call and every later one go through Triton's normal launch.
 
-What the fast path leaves out of ``JITFunction.run``: launch hooks and ``pre_run_hooks`` (it steps aside while
-any is set), the async-compile mode (a future is never kept), and knobs that change Triton's compile options
-(``TRITON_DEBUG``, instrumentation): they are honoured when a key is first seen; call :meth:`LaunchCache.reset`
-after changing them mid-process. The stream is read on every call (Triton's own ``get_current_stream``), so
-launches follow ``torch.cuda.stream(...)`` and CUDA-graph capture. Under ``TRITON_INTERPRET=1`` there is nothing
-compiled to reuse and every launch goes through the interpreter.
-
-``LIGHTNING_ATTENTION_DIRECT_LAUNCH=0`` (read when a cache is created or reset) turns the fast path off: every
-launch goes through Triton (side-by-side host-time measurements, debugging).
+What the fast path leaves out of ``JITFunction.run``: launch hooks and ``pre_run_hooks`` (it steps aside while any is
+set), the async-compile mode (a future is never kept), and knobs that change Triton's compile options
+(``TRITON_DEBUG``, instrumentation): they are honoured when a key is first seen; call :meth:`Launcher.reset` after
+changing them mid-process. The stream is read on every call (Triton's own ``get_current_stream``), so launches follow
+``torch.cuda.stream(...)`` and CUDA-graph capture. Under ``TRITON_INTERPRET=1`` there is nothing compiled to reuse
+and every launch goes through the interpreter; the ``direct_launch`` setting off sends every launch through Triton.
 """
 
-import os
 import threading
 import warnings
 
 import torch
 import triton
 from triton.runtime.jit import JITFunction
+
+from lightning_attention import settings
 
 
 def _hook_idle(hook) -> bool:
@@ -57,7 +56,6 @@ def jit_function(kernel):
     return kernel
 
 
-ENV_DIRECT_LAUNCH = "LIGHTNING_ATTENTION_DIRECT_LAUNCH"
 _I32 = range(-(2**31), 2**31)
 
 
@@ -75,43 +73,47 @@ def specialization_key(args: tuple) -> tuple:
     )
 
 
+def grid3(grid: tuple) -> tuple[int, int, int]:
+    """A grid of one to three dimensions as three ints."""
+    return grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1
+
+
 class _Entry:
     """One launch key: how Triton is called for it and, once seen and verified, the compiled kernel's launcher.
 
-    ``grid``: a fixed grid (or None when the caller passes one per call); ``kwargs``: the keyword arguments of the
-    normal launch (constexprs, num_warps); ``meta``: the caller's (e.g. constexprs it appends to the arguments);
-    ``config``: the constexprs by name once known (the caller's plus the autotuner's choice: what a grid function
-    gets); ``tail``: the arguments after the caller's positional ones, in signature order, for the direct call.
+    ``kwargs``: the keyword arguments of the normal launch (constexprs, num_warps); ``config``: the constexprs by
+    name once known (the caller's plus the autotuner's choice: what a grid function gets); ``tail``: the arguments
+    after the caller's positional ones, in signature order, for the direct call.
     """
 
-    __slots__ = ("compiled", "config", "function", "grid", "kwargs", "launcher", "meta", "packed_metadata", "tail")
+    __slots__ = ("compiled", "config", "function", "kwargs", "launcher", "packed_metadata", "tail")
 
-    def __init__(self, grid, kwargs: dict, meta: tuple = ()):
-        self.grid, self.kwargs, self.meta = grid, kwargs, meta
+    def __init__(self, kwargs: dict):
+        self.kwargs = kwargs
         self.compiled = None  # the CompiledKernel Triton's normal launch returned for this key
         self.config, self.tail = kwargs, ()
         self.launcher = self.function = self.packed_metadata = None  # set once verified
 
 
-def _grid3(grid: tuple) -> tuple[int, int, int]:
-    return grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1
+class Launcher:
+    """``kernel[grid](*args, **constexprs)`` for a kernel that takes its run-time arguments positionally (tensors
+    first, then ints and floats) and its constexprs (and ``num_warps``/``num_stages``) by keyword, launched directly
+    once verified (module docstring). One entry serves every sequence length and batch: the key is the device,
+    :func:`specialization_key` of the run-time arguments and the constexprs.
 
-
-class LaunchCache:
-    """Launches a ``@triton.jit`` (or ``@triton.autotune``) kernel's compiled binary directly (module docstring).
-
-    Callers build their own key (see :func:`specialization_key`), then ``entry = cache.entries.get(key) or
-    cache.add(key, grid, kwargs)`` and ``cache.launch(entry, args, device, grid)``; :meth:`device_for` says whether
-    a call may take this path at all.
+    Repeated calls of the same shapes (a training loop, a decode loop) find their entry by an exact key instead: each
+    tensor's dtype and address modulo 16 and the other arguments' raw values. It is finer than the specialisation key
+    and costs ~1 µs to build against ~9 µs for :func:`specialization_key` over the walk's ~40 arguments.
     """
 
-    cuda_only = True
+    cuda_only = True  # CPU tests of the fast path drive a fake kernel on CPU tensors
 
-    def __init__(self, kernel, max_entries: int = 256, name: str = "kernel"):
-        self.kernel, self.max_entries, self.name = kernel, max_entries, name
+    def __init__(self, kernel, name: str, max_entries: int = 256):
+        self.kernel, self.name, self.max_entries = kernel, name, max_entries
         self.jit = jit_function(kernel)
         self.autotuned = self.jit is not kernel
         self._lock = threading.Lock()  # one verification at a time (it swaps the kernel's launcher for a recorder)
+        self.num_tensors: int | None = None  # the leading tensors of ``args``, counted at the first keyed call
         self.reset()
 
     def reset(self) -> None:
@@ -126,8 +128,6 @@ class LaunchCache:
         # Under TRITON_INTERPRET=1 the decorator returned an InterpretedFunction: nothing is compiled to reuse.
         compiled = isinstance(self.jit, JITFunction)
         self.disabled: str | None = None if compiled else "the kernel is not a compiled JITFunction (interpreter)"
-        if os.environ.get(ENV_DIRECT_LAUNCH, "1").strip() == "0":
-            self.disabled = f"{ENV_DIRECT_LAUNCH}=0"
 
     def disable(self, reason: str) -> None:
         if self.disabled is None:
@@ -142,7 +142,58 @@ class LaunchCache:
         self.entries.clear()
         self.aliases.clear()
 
-    def _bind(self) -> bool:
+    # -- the call -------------------------------------------------------------------------------------------------
+
+    def __call__(self, grid, args: tuple, constexprs: dict, x: torch.Tensor) -> None:
+        """Launches ``kernel[grid](*args, **constexprs)`` on ``x``'s device (it must be the current one).
+
+        ``grid``: a tuple, or a function of the constexprs (it gets the autotuner's choice too, e.g.
+        ``meta["BV"]``). CPU tensors, the interpreter and set launch hooks go through Triton's normal launch.
+        """
+        device = self.device_for(x)
+        if device is None:
+            self.kernel[grid](*args, **constexprs)
+            return
+        constants = tuple(constexprs.items())
+        exact = self._exact_key(device, args, constants)
+        entry = self.aliases.get(exact)
+        if entry is None:
+            key = (device, specialization_key(args), *constants)
+            entry = self.entries.get(key)
+            if entry is None:
+                if len(self.entries) >= self.max_entries:
+                    self.entries.clear()
+                entry = self.entries[key] = _Entry(constexprs)
+            if len(self.aliases) >= 4 * self.max_entries:
+                self.aliases.clear()
+            self.aliases[exact] = entry
+        self._launch(entry, grid, args, device)
+
+    def _exact_key(self, device: int, args: tuple, constants: tuple) -> tuple:
+        n = self.num_tensors
+        if n is None:
+            n = self.num_tensors = next((i for i, a in enumerate(args) if not isinstance(a, torch.Tensor)), len(args))
+        return (device, *[(a.dtype, a.data_ptr() & 15) for a in args[:n]], args[n:], constants)
+
+    def device_for(self, x: torch.Tensor) -> int | None:
+        """The current CUDA device index when this call may take the fast path, else ``None``.
+
+        Not for a disabled launcher or the ``direct_launch`` setting off, CPU tensors (unless :attr:`cuda_only` is
+        off: CPU tests drive a fake kernel), a set launch or pre-run hook, or ``x`` on a device other than the
+        current one (Triton launches on the current device; the normal path switches to x's).
+        """
+        if self.disabled is not None or not settings.current().direct_launch:
+            return None
+        index = x.get_device()  # -1 for a CPU tensor
+        if index < 0 and self.cuda_only:
+            return None
+        if self.get_device is None and not self._bind_driver():
+            return None
+        if not self.hooks_idle():
+            return None
+        return index if index == self.get_device() else None
+
+    def _bind_driver(self) -> bool:
         try:
             from triton.runtime.driver import driver
 
@@ -159,47 +210,10 @@ class LaunchCache:
         rt = self._runtime
         return _hook_idle(rt.launch_enter_hook) and _hook_idle(rt.launch_exit_hook) and not self._pre_run_hooks
 
-    def device_for(self, x: torch.Tensor, scale=0.0) -> int | None:
-        """The current CUDA device index when this call may take the fast path, else ``None``.
-
-        Not for a disabled cache, CPU tensors (unless :attr:`cuda_only` is off: CPU tests drive a fake kernel), a
-        non-float ``scale`` (the key treats it as a float), a set launch or pre-run hook, or ``x`` on a device other
-        than the current one (Triton launches on the current device; the normal path switches to x's).
-        """
-        if self.disabled is not None or type(scale) is not float:
-            return None
-        index = x.get_device()  # -1 for a CPU tensor
-        if index < 0 and self.cuda_only:
-            return None
-        if self.get_device is None and not self._bind():
-            return None
-        if not self.hooks_idle():
-            return None
-        return index if index == self.get_device() else None
-
-    def add(self, key: tuple, grid, kwargs: dict, meta: tuple = ()) -> _Entry:
-        """A new entry for ``key`` (the dict is bounded: past :attr:`max_entries` it starts over)."""
-        if len(self.entries) >= self.max_entries:
-            self.entries.clear()
-        entry = self.entries[key] = _Entry(grid, kwargs, meta)
-        return entry
-
-    def alias(self, exact_key: tuple, entry: _Entry) -> None:
-        """Lets ``aliases[exact_key]`` find ``entry``: a key finer than the entry's own, cheaper to build (bounded
-        like the entries; an alias is only ever a shortcut to an entry of the same specialisation)."""
-        if len(self.aliases) >= 4 * self.max_entries:
-            self.aliases.clear()
-        self.aliases[exact_key] = entry
-
-    def launch(self, entry: _Entry, args: tuple, device: int, grid=None) -> None:
-        """Launches ``kernel[grid](*args, **entry.kwargs)``: directly when verified, else through Triton (and learns).
-
-        ``grid``: a tuple or a function of the constexprs (as Triton takes it); None: the entry's fixed grid.
-        """
-        grid = entry.grid if grid is None else grid
+    def _launch(self, entry: _Entry, grid, args: tuple, device: int) -> None:
+        """Directly when verified, else through Triton (learning, then verifying, the entry)."""
         if entry.launcher is not None:
-            grid3 = _grid3(grid(entry.config) if callable(grid) else grid)
-            if self.launch_direct(entry, grid3, args, device):
+            if self.launch_direct(entry, grid3(grid(entry.config) if callable(grid) else grid), args, device):
                 return
             # rejected: the normal launch below is this call's only launch
         if self.disabled is None and entry.compiled is not None:
@@ -209,18 +223,20 @@ class LaunchCache:
         if self.disabled is None:
             self._adopt(entry, compiled, len(args))
 
-    def launch_direct(self, entry: _Entry, grid3: tuple, args: tuple, device: int) -> bool:
+    def launch_direct(self, entry: _Entry, grid: tuple, args: tuple, device: int) -> bool:
         """Calls a verified entry's compiled launcher; False (and the fast path disabled) when the launcher rejects
         its arguments, which it does while parsing them, before anything is launched."""
         try:
             entry.launcher(
-                *grid3, self.get_stream(device), entry.function, entry.packed_metadata, None, None, None,
+                *grid, self.get_stream(device), entry.function, entry.packed_metadata, None, None, None,
                 *args, *entry.tail,
             )  # fmt: skip
         except (TypeError, AttributeError) as e:
             self.disable(f"the compiled kernel's launcher rejected the direct call: {type(e).__name__}: {e}")
             return False
         return True
+
+    # -- learning and verifying an entry --------------------------------------------------------------------------
 
     def _adopt(self, entry: _Entry, compiled, num_args: int) -> None:
         if compiled is None or hasattr(compiled, "result"):
@@ -276,15 +292,15 @@ class LaunchCache:
                 compiled._run = real
         if len(calls) > 1:
             return  # another thread launched the same kernel meanwhile: the record is ambiguous, verify next time
-        grid3 = _grid3(grid(entry.config) if callable(grid) else grid)
-        why = self._mismatch(calls, returned, entry, args + entry.tail, grid3, self.get_stream(device))
+        grid = grid3(grid(entry.config) if callable(grid) else grid)
+        why = self._mismatch(calls, returned, entry, args + entry.tail, grid, self.get_stream(device))
         if why is not None:
             self.disable(why)
         else:
             entry.function, entry.packed_metadata, entry.launcher = compiled.function, compiled.packed_metadata, real
 
     @staticmethod
-    def _mismatch(calls: list, returned, entry: _Entry, args: tuple, grid3: tuple, stream) -> str | None:
+    def _mismatch(calls: list, returned, entry: _Entry, args: tuple, grid: tuple, stream) -> str | None:
         """Why the recorded normal launch differs from what the fast path would do, or ``None`` if it does not."""
         compiled = entry.compiled
         if returned is not compiled:
@@ -294,7 +310,7 @@ class LaunchCache:
         got, kwargs = calls[0]
         if kwargs or len(got) != 9 + len(args):
             return f"the launcher was called with {len(got)} positional arguments and {sorted(kwargs)} keywords"
-        head = (*grid3, stream, compiled.function, compiled.packed_metadata)
+        head = (*grid, stream, compiled.function, compiled.packed_metadata)
         for i, (a, b) in enumerate(zip(got[:6], head)):
             if type(a) is not type(b) or a != b:
                 return f"launcher argument {i} differs: Triton passed {a!r}, the fast path would pass {b!r}"
@@ -305,82 +321,40 @@ class LaunchCache:
                 return f"kernel argument {i} differs: Triton passed {a!r}, the fast path would pass {b!r}"
         return None
 
-
-class DirectLauncher:
-    """``kernel[grid](*args, **constexprs)`` for a call site whose kernel takes run-time arguments positionally and
-    constexprs by keyword: through a :class:`LaunchCache` keyed by the device, :func:`specialization_key` of the
-    run-time arguments and the constexprs (names and values), so one entry serves every sequence length and batch.
-
-    ``args``: the tensors first (the same number at every call of a call site), then ints and floats.
-    ``grid``: a tuple, or a function of the constexprs (it gets the autotuner's choice too, e.g. ``meta["BV"]``).
-    ``x``: a tensor of the launch (its device must be the current one); CPU tensors, the interpreter and set launch
-    hooks go through Triton's normal launch as they are.
-
-    Repeated calls of the same shapes (a training loop) find their entry by an exact key instead: each tensor's dtype
-    and address modulo 16 and the other arguments' raw values. It is finer than the specialisation key and costs
-    ~1 µs to build against ~9 µs for :func:`specialization_key` over the walk's ~40 arguments (CPU, Python 3.11).
-    """
-
-    def __init__(self, kernel, name: str):
-        self.cache = LaunchCache(kernel, name=name)
-        self.num_tensors: int | None = None  # the leading tensors of ``args``, counted at the first fast call
-
-    def __call__(self, grid, args: tuple, constexprs: dict, x: torch.Tensor) -> None:
-        cache = self.cache
-        device = cache.device_for(x)
-        if device is None:
-            cache.kernel[grid](*args, **constexprs)
-            return
-        constants = tuple(constexprs.items())
-        exact = self._exact_key(device, args, constants)
-        entry = cache.aliases.get(exact)
-        if entry is None:
-            key = (device, specialization_key(args), *constants)
-            entry = cache.entries.get(key)
-            if entry is None:
-                entry = cache.add(key, None, constexprs)
-            cache.alias(exact, entry)
-        cache.launch(entry, args, device, grid)
-
-    def _exact_key(self, device: int, args: tuple, constants: tuple) -> tuple:
-        n = self.num_tensors
-        if n is None:
-            n = self.num_tensors = next((i for i, a in enumerate(args) if not isinstance(a, torch.Tensor)), len(args))
-        return (device, *[(a.dtype, a.data_ptr() & 15) for a in args[:n]], args[n:], constants)
+    # -- bound launches -------------------------------------------------------------------------------------------
 
     def bind(self, grid, args: tuple, constexprs: dict, x: torch.Tensor) -> "BoundLaunch | None":
-        """This call's launch fixed to its verified entry, for a caller that repeats it with other tensors of the
-        same dtypes and alignments and the same other arguments (ops/lightning/replay.py); None while the call would
-        not take the fast path (not yet verified, disabled, a hook set, not CUDA)."""
-        cache = self.cache
-        device = cache.device_for(x)
+        """This call's launch fixed to its verified entry, for a caller that repeats it with other tensors of the same
+        dtypes and alignments and the same other arguments (a cached chunk plan, ``ops/lightning/program.py``); None
+        while the call would not take the fast path (not yet verified, disabled, a hook set, not CUDA)."""
+        device = self.device_for(x)
         if device is None:
             return None
-        entry = cache.aliases.get(self._exact_key(device, args, tuple(constexprs.items())))
+        entry = self.aliases.get(self._exact_key(device, args, tuple(constexprs.items())))
         if entry is None or entry.launcher is None:
             return None
-        grid3 = _grid3(grid(entry.config) if callable(grid) else grid)
-        return BoundLaunch(cache, entry, device, grid3, pointers=cache.cuda_only)
+        return BoundLaunch(self, entry, device, grid3(grid(entry.config) if callable(grid) else grid))
 
 
 class BoundLaunch:
-    """A :class:`DirectLauncher` call whose entry was looked up once (:meth:`DirectLauncher.bind`): each call only
-    checks that the cache is the one it was bound under (no reset or disable since), that no hook is set and that the
-    device is current, then calls the compiled kernel's launcher. ``pointers``: the caller passes the tensors as
-    their addresses (ints), which spares Triton's launcher a device-pointer query per tensor; only for real compiled
+    """A :class:`Launcher` call whose entry was looked up once (:meth:`Launcher.bind`): each call only checks that
+    the launcher is the one it was bound under (no reset or disable since), that no hook is set and that the device is
+    current, then calls the compiled kernel's launcher. ``pointers``: the caller may pass the tensors as their
+    addresses (ints), which spares Triton's launcher a device-pointer query per tensor; only for real compiled
     kernels (CUDA), whose launcher takes either."""
 
-    __slots__ = ("cache", "device", "entry", "generation", "grid3", "pointers")
+    __slots__ = ("device", "entry", "generation", "grid", "launcher", "pointers")
 
-    def __init__(self, cache: LaunchCache, entry: _Entry, device: int, grid3: tuple, pointers: bool):
-        self.cache, self.entry, self.device, self.grid3, self.pointers = cache, entry, device, grid3, pointers
-        self.generation = cache.generation
+    def __init__(self, launcher: Launcher, entry: _Entry, device: int, grid: tuple):
+        self.launcher, self.entry, self.device, self.grid = launcher, entry, device, grid
+        self.pointers = launcher.cuda_only
+        self.generation = launcher.generation
 
     def __call__(self, args: tuple, x: torch.Tensor) -> bool:
         """Launches and returns True, or returns False without launching (the caller then launches in full)."""
-        cache, device = self.cache, self.device
-        if cache.generation != self.generation or not cache.hooks_idle():
+        launcher, device = self.launcher, self.device
+        if launcher.generation != self.generation or not launcher.hooks_idle():
             return False
-        if x.get_device() != device or cache.get_device() != device:
+        if not settings.current().direct_launch or x.get_device() != device or launcher.get_device() != device:
             return False
-        return cache.launch_direct(self.entry, self.grid3, args, device)
+        return launcher.launch_direct(self.entry, self.grid, args, device)

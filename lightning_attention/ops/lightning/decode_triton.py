@@ -1,0 +1,133 @@
+"""The Triton decode step behind :func:`lightning_attention.lightning_attn_decode`: launch configuration and operator.
+
+The step is registered as ``torch.library.custom_op("lightning_attention::decode_step")`` mutating ``state`` and
+``out`` (it returns nothing: an operator may not return an alias of its input), with a shape-only fake, so
+``torch.compile(fullgraph=True)`` traces through it and ``torch.library.opcheck`` passes. In plain eager mode the
+operator's dispatcher round trip is skipped and the kernel is launched through the library's
+:class:`~lightning_attention.ops.lightning.launch.Launcher` (its compiled launcher called directly once verified).
+Either way a step allocates nothing beyond ``out`` (when not given), never syncs with the host, and reuses its
+launch configuration (cached per shape), so a step with ``out=`` can be captured in a CUDA graph.
+"""
+
+import functools
+
+import torch
+
+from lightning_attention.backend import plain_eager
+from lightning_attention.ops.lightning.device import device_info
+from lightning_attention.ops.lightning.kernels.configs import cdiv, padded_dim
+from lightning_attention.ops.lightning.kernels.decode import decode_step_kernel
+from lightning_attention.ops.lightning.launch import Launcher
+from lightning_attention.ops.lightning.library import TritonOp
+
+# Largest state slab a program keeps in registers: 8192 fp32 values = 32 KB (64 per thread at 4 warps, 32 at 8).
+_MAX_TILE = 8192
+
+
+@functools.lru_cache(maxsize=None)
+def launch_config(num_programs_bh: int, head_k: int, head_v: int, num_sms: int) -> tuple[int, int, int]:
+    """Tile sizes ``(BK, BV, num_warps)`` for ``num_programs_bh`` = B·H (sequence, head) pairs.
+
+    BV: 64 (256-byte rows) unless B·H is too small to give every SM two programs, then down to 16.
+    BK: the whole (power-of-two padded) K when a [BK, BV] fp32 slab fits in :data:`_MAX_TILE`, else a K loop.
+    """
+    bv = min(64, padded_dim(head_v))
+    while bv > 16 and num_programs_bh * cdiv(head_v, bv) < 2 * num_sms:
+        bv //= 2
+    bk = min(padded_dim(head_k), max(16, _MAX_TILE // bv))
+    num_warps = 8 if bk * bv >= _MAX_TILE else 4
+    return bk, bv, num_warps
+
+
+@functools.lru_cache(maxsize=1024)
+def _launch(B: int, H: int, K: int, V: int, has_slope: bool, has_indices: bool, num_sms: int,
+            tiles: tuple[int, int, int] | None = None) -> tuple[tuple[int], dict]:  # fmt: skip
+    """(grid, constexprs) of a step: ``tiles`` (BK, BV, num_warps), or :func:`launch_config`'s for this shape."""
+    block_k, block_v, num_warps = tiles or launch_config(B * H, K, V, num_sms)
+    constexprs = dict(
+        H=H, K=K, V=V, BK=block_k, BV=block_v, HAS_DECAY=has_slope, HAS_INDICES=has_indices, num_warps=num_warps
+    )
+    return (B * H * cdiv(V, block_v),), constexprs
+
+
+_LAUNCHER = Launcher(decode_step_kernel, "lightning_attn_decode")
+
+
+def launch_decode_step(q, k, v, state, slope, scale, state_indices, out, tiles=None) -> None:
+    """Launches the kernel (inputs validated; ``out`` ``[B, H, V]`` given). ``tiles`` (BK, BV, num_warps) override
+    the launch configuration (tests cover K loops and ragged V tiles with it).
+
+    The kernel's run-time arguments: 7 pointers (an absent slope or state_indices gets q, never read), 16 strides,
+    ``scale``; the constexprs follow from the shapes.
+    """
+    B, H, K = q.shape
+    grid, constexprs = _launch(
+        B, H, K, v.shape[-1], slope is not None, state_indices is not None, device_info(q.device).sm_count, tiles
+    )
+    args = (
+        q, k, v, state,
+        q if slope is None else slope,
+        q if state_indices is None else state_indices,
+        out,
+        *q.stride(), *k.stride(), *v.stride(), *state.stride(), *out.stride(),
+        scale,
+    )  # fmt: skip
+    _LAUNCHER(grid, args, constexprs, q)
+
+
+def _decode_step_fake(q, k, v, state, slope, scale, state_indices, out) -> None:
+    # Everything the operator produces is written into its mutated arguments, whose metadata does not change.
+    return None
+
+
+def _decode_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    state: torch.Tensor,
+    slope: torch.Tensor | None,
+    scale: float,
+    state_indices: torch.Tensor | None,
+    out: torch.Tensor,
+) -> None:
+    """The decode step as a PyTorch operator: updates ``state`` ``[P, H, K, V]`` and writes ``out`` ``[B, H, V]``.
+
+    q, k ``[B, H, K]``, v ``[B, H, V]``, slope ``[H]`` or None, state_indices ``[B]`` or None (P == B).
+    """
+    launch_decode_step(q, k, v, state, slope, scale, state_indices, out)
+
+
+decode_step_op = TritonOp("decode_step", _decode_step, _decode_step_fake, mutates_args=("state", "out"))
+
+
+def decode_step_triton(q, k, v, state, slope, scale, state_indices, out):
+    """Triton decode step behind :func:`lightning_attention.lightning_attn_decode` (inputs already validated).
+
+    Args:
+        q, k: ``[B, H, K]``; v: ``[B, H, V]`` (float16 / bfloat16 / float32; strided views are used as they are).
+        state: ``[P, H, K, V]`` float32 pool, updated in place (rows not named by ``state_indices`` untouched).
+        slope: ``[H]`` float32 (λ = exp(-slope)) or ``None`` (no decay).
+        scale: Python float.
+        state_indices: ``[B]`` int32/int64 pool row per sequence, ``-1`` = padding slot; ``None``: row b.
+        out: ``[B, H, V]`` in q.dtype or ``None`` (then allocated: the only allocation of a step).
+
+    Returns:
+        o ``[B, H, V]`` in q.dtype (``out`` itself when given).
+
+    In plain eager mode the launch bumps the version counters of ``state`` and ``out`` as the operator would
+    (autograd sees the in-place write).
+    """
+    # The kernel reads slope[h] and state_indices[b] at unit stride; a strided view of these tiny vectors is copied.
+    if slope is not None and slope.stride(0) != 1:
+        slope = slope.contiguous()
+    if state_indices is not None and state_indices.stride(0) != 1:
+        state_indices = state_indices.contiguous()
+    if out is None:
+        out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], device=q.device, dtype=q.dtype)
+    if plain_eager():
+        decode_step_op.direct(q, k, v, state, slope, scale, state_indices, out)
+        torch.autograd.graph.increment_version(state)
+        torch.autograd.graph.increment_version(out)
+    else:
+        decode_step_op.op(q, k, v, state, slope, scale, state_indices, out)
+    return out

@@ -1,0 +1,296 @@
+"""The Triton path's entry points: :func:`lightning_attention.lightning_attn`'s ``torch.library`` operators and autograd,
+and the decode step (:func:`~lightning_attention.ops.lightning.decode_triton.decode_step_triton`, re-exported).
+
+Three operators (:mod:`~lightning_attention.ops.lightning.library`): ``chunk_fwd`` and ``chunk_bwd`` run the chunk
+programs (:mod:`~lightning_attention.ops.lightning.run`), ``recompute_bwd`` the SRAM-bounded backward
+(:mod:`~lightning_attention.ops.lightning.recompute`). :class:`LightningAttnFunction` is the autograd Function above
+them; :func:`chunk_lightning_attn_triton` and :func:`lightning_attn_inter_triton` are what the public functions call
+after validating their inputs.
+"""
+
+import torch
+
+from lightning_attention import settings
+from lightning_attention.ops.lightning import naive
+from lightning_attention.ops.lightning.decode_triton import decode_step_triton  # noqa: F401  (an entry point)
+from lightning_attention.ops.lightning.naive import compute_dtype
+from lightning_attention.ops.lightning.device import device_info
+from lightning_attention.ops.lightning.library import last_dim_contiguous, triton_op
+from lightning_attention.ops.lightning.plan import (
+    MAX_HEAD_DIM,
+    ChunkProblem,
+    TensorSpec,
+    plan_segments,
+    use_recompute_backward,
+)
+from lightning_attention.ops.lightning.recompute import recompute_backward
+from lightning_attention.ops.lightning.run import chunk_backward, chunk_forward
+
+
+def _num_seqs(q: torch.Tensor, cu_seqlens: torch.Tensor | None) -> int:
+    return q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+
+
+def _slope32(slope: torch.Tensor | None) -> torch.Tensor | None:
+    return None if slope is None else slope.to(torch.float32).contiguous()
+
+
+def _nothing(q: torch.Tensor) -> torch.Tensor:
+    """The empty [0] tensor an operator returns for an output it does not produce (``new_empty``: no fill)."""
+    return q.new_empty(0, dtype=compute_dtype(q.dtype))
+
+
+# chunk_fwd
+
+
+def _segment_count(q, v, inter_chunk: int) -> int:
+    """How many segment states the forward of a fixed-length batch of these shapes returns (0: not segmented):
+    the plan of the shapes, asked without tensors (sizes may be symbolic under torch.compile: they specialise)."""
+    B, T, H, K = (int(d) for d in q.shape)
+    spec = TensorSpec((B, T, H, K), (T * H * K, H * K, K, 1), q.dtype)
+    v_spec = TensorSpec((B, T, H, int(v.shape[-1])), (0, 0, 0, 1), q.dtype)
+    problem = ChunkProblem(
+        q=spec, k=spec, v=v_spec, num_seqs=B, varlen=False, offsets=None, has_slope=False, h0=None,
+        final_state=False, scale=1.0, inter_chunk=inter_chunk, device=device_info(q.device),
+        settings=settings.current(),
+    )  # fmt: skip
+    plan = plan_segments(problem)
+    return plan.total if plan.segmented else 0
+
+
+def _chunk_fwd_fake(
+    q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk=0,
+    save_states=True,
+):  # fmt: skip
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    o = q.new_empty(B, T, H, V)
+    sdt = compute_dtype(q.dtype)
+    ht = q.new_empty((_num_seqs(q, cu_seqlens), H, K, V) if output_final_state else (0,), dtype=sdt)
+    segments = _segment_count(q, v, inter_chunk) if save_states and cu_seqlens is None and T > 0 else 0
+    return o, ht, q.new_empty((segments, H, K, V) if segments else (0,), dtype=sdt)
+
+
+@triton_op("chunk_fwd", fake=_chunk_fwd_fake)
+def chunk_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slope: torch.Tensor | None,
+    initial_state: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    cu_seqlens_cpu: torch.Tensor | None,
+    scale: float,
+    output_final_state: bool,
+    inter_chunk: int = 0,
+    save_states: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Forward operator: (o [B, T, H, V], final_state [N, H, K, V] or an empty [0] tensor if not requested, segment
+    states [NSEG, H, K, V] for the backward or an empty [0] tensor).
+
+    Segment states are returned for fixed-length batches only, and only with ``save_states`` (their count is a
+    function of the shapes and the GPU, which the fake computes; a varlen plan depends on the offsets' values).
+    ``inter_chunk`` > 0: the inter-only mode (o without its intra-chunk term, chunks of that many tokens)."""
+    o, ht, states = chunk_forward(
+        last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v), _slope32(slope), initial_state,
+        cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk,
+    )  # fmt: skip
+    if states is None or cu_seqlens is not None or not save_states:
+        states = _nothing(q)
+    return o, _nothing(q) if ht is None else ht, states
+
+
+# chunk_bwd and recompute_bwd (one schema: the autograd Function picks either)
+
+
+def _backward_fake(q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, inter_chunk=0,
+                   fwd_states=None):  # fmt: skip
+    """dq, dk like q; dv like v; dh0 ``[N, H, K, V]`` in the state dtype when there is an initial state, else an
+    empty ``[0]``."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    shape = (_num_seqs(q, cu_seqlens), H, K, V) if initial_state is not None else (0,)
+    return (q.new_empty(B, T, H, K), q.new_empty(B, T, H, K), q.new_empty(B, T, H, V),
+            q.new_empty(shape, dtype=compute_dtype(q.dtype)))  # fmt: skip
+
+
+@triton_op("chunk_bwd", fake=_backward_fake)
+def chunk_bwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    do: torch.Tensor,
+    dht: torch.Tensor | None,
+    slope: torch.Tensor | None,
+    initial_state: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    cu_seqlens_cpu: torch.Tensor | None,
+    scale: float,
+    inter_chunk: int = 0,
+    fwd_states: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backward operator: (dq, dk, dv, dh0); dh0 is [N, H, K, V] when ``initial_state`` is given, else an empty [0].
+
+    ``fwd_states``: the forward operator's segment states (its third output; empty or None: recomputed)."""
+    dq, dk, dv, dh0 = chunk_backward(
+        last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v), last_dim_contiguous(do), dht,
+        _slope32(slope), initial_state, cu_seqlens, cu_seqlens_cpu, scale, initial_state is not None, inter_chunk,
+        fwd_states if fwd_states is not None and fwd_states.numel() else None,
+    )  # fmt: skip
+    return dq, dk, dv, _nothing(q) if dh0 is None else dh0
+
+
+@triton_op("recompute_bwd", fake=_backward_fake)
+def recompute_bwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    do: torch.Tensor,
+    dht: torch.Tensor | None,
+    slope: torch.Tensor | None,
+    initial_state: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    cu_seqlens_cpu: torch.Tensor | None,
+    scale: float,
+    inter_chunk: int = 0,
+    fwd_states: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The recompute backward (same schema as ``chunk_bwd``; ``inter_chunk`` must be 0 and ``fwd_states`` is not
+    used: it recomputes everything)."""
+    del cu_seqlens_cpu, inter_chunk, fwd_states  # the grid depends only on N; nothing saved is needed
+    dq, dk, dv, dh0 = recompute_backward(
+        last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v), last_dim_contiguous(do), dht,
+        slope, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+    )  # fmt: skip
+    return dq, dk, dv, _nothing(q) if dh0 is None else dh0
+
+
+# autograd
+
+
+class LightningAttnFunction(torch.autograd.Function):
+    """Autograd over the operators. Saves the inputs and, for segmented plans, the forward's segment states (<= 25%
+    of one input): the backward recomputes everything else, walk by walk."""
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda")
+    def forward(
+        ctx, q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, backward, inter_chunk
+    ):
+        # the segment states (<= 25% of one input, empty unless segmented) spare the dq walk its pre-pass; not under
+        # torch.compile, where the fake would have to plan segments from symbolic sizes (one graph per length)
+        save_states = not torch.compiler.is_compiling()
+        o, ht, seg_states = chunk_fwd(
+            q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk,
+            save_states,
+        )  # fmt: skip
+        ctx.save_for_backward(q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, seg_states)
+        ctx.scale = scale
+        ctx.output_final_state = output_final_state
+        ctx.backward_mode = backward
+        ctx.inter_chunk = inter_chunk
+        ctx.mark_non_differentiable(*([] if output_final_state else [ht]))
+        # an unused output's gradient comes as None, not as zeros the engine would allocate and fill (host time)
+        ctx.set_materialize_grads(False)
+        return o, ht
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cuda")
+    def backward(ctx, do, dht):
+        q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, seg_states = ctx.saved_tensors
+        if not ctx.output_final_state:
+            dht = None
+        if do is None:
+            do = torch.zeros(*q.shape[:-1], v.shape[-1], device=q.device, dtype=q.dtype)
+        recompute = not ctx.inter_chunk and use_recompute_backward(ctx.backward_mode, device_info(q.device))
+        bwd = recompute_bwd if recompute else chunk_bwd
+        dq, dk, dv, dh0 = bwd(
+            q, k, v, do.to(q.dtype), dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, ctx.scale,
+            ctx.inter_chunk, seg_states,
+        )  # fmt: skip
+        if initial_state is None:
+            dh0 = None
+        return dq, dk, dv, None, dh0, None, None, None, None, None, None
+
+
+def _check_head_dims(q: torch.Tensor, v: torch.Tensor) -> None:
+    K, V = q.shape[-1], v.shape[-1]
+    if not (1 <= K <= MAX_HEAD_DIM and 1 <= V <= MAX_HEAD_DIM):
+        raise ValueError(f"the Triton kernels support head dims K, V in 1..{MAX_HEAD_DIM}, got K={K}, V={V}")
+
+
+def chunk_lightning_attn_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slope: torch.Tensor | None,
+    *,
+    scale: float,
+    initial_state: torch.Tensor | None,
+    output_final_state: bool,
+    cu_seqlens: torch.Tensor | None,
+    cu_seqlens_cpu: torch.Tensor | None,
+    backward: str,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Triton Lightning Attention (called by :func:`lightning_attention.lightning_attn` after validation).
+
+    Args:
+        q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; float16 / bfloat16 / float32 (float64 under the interpreter;
+            on CUDA float64 runs the PyTorch chunked path). Strided views are used as they are (last stride 1).
+        slope: ``[H]`` float32 or None; scale: output scale.
+        initial_state: ``[N, H, K, V]`` float32 or None; output_final_state: return ``[N, H, K, V]`` float32.
+        cu_seqlens: ``[N + 1]`` offsets (B == 1) or None; cu_seqlens_cpu: optional host copy (enables segments).
+        backward: "auto" | "chunk" | "recompute".
+
+    Returns:
+        ``(o [B, T, H, V] in q.dtype, final_state or None)``; differentiable w.r.t. q, k, v, initial_state.
+    """
+    _check_head_dims(q, v)
+    if q.dtype == torch.float64 and q.is_cuda:  # fp64 tensor-core dots do not exist: reference path
+        o, ht = naive.chunk_lightning_attn(
+            q, k, v, slope, scale=scale, initial_state=initial_state,
+            cu_seqlens=cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens,
+        )  # fmt: skip
+        return o, (ht.clone() if ht is initial_state else ht) if output_final_state else None
+    o, ht = LightningAttnFunction.apply(
+        q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, float(scale), output_final_state, backward, 0
+    )
+    return o, (ht if output_final_state else None)
+
+
+def lightning_attn_inter_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slope: torch.Tensor | None,
+    *,
+    chunk_size: int,
+    scale: float = 1.0,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The inter-chunk term of Lightning Attention alone on the Triton path (called by
+    :func:`lightning_attention.ops.lightning.inter.lightning_attn_inter` after validation).
+
+    ``o_t = scale · λ^(t-c0+1) q_t S_{c0-1}`` where c0 is the first token of t's chunk of ``chunk_size`` tokens
+    (chunks aligned to each sequence start); the final state is the full S_{T-1}. Differentiable w.r.t. q, k, v,
+    initial_state (and through the final state).
+
+    Args:
+        q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; fp16 / bf16 / fp32 (fp64 under the interpreter), same layouts,
+            options and shapes as :func:`lightning_attention.lightning_attn`.
+        chunk_size: a multiple of 16 in 16..256.
+
+    Returns:
+        ``(o_inter [B, T, H, V] in q.dtype, final_state [N, H, K, V] float32 or None)``.
+    """
+    if not isinstance(chunk_size, int) or chunk_size % 16 or not 16 <= chunk_size <= 256:
+        raise ValueError(f"chunk_size must be a multiple of 16 in 16..256, got {chunk_size!r}")
+    _check_head_dims(q, v)
+    o, ht = LightningAttnFunction.apply(
+        q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, float(scale), output_final_state, "chunk",
+        chunk_size,
+    )  # fmt: skip
+    return o, (ht if output_final_state else None)

@@ -1,0 +1,426 @@
+"""The chunk plan: pure functions of a call's problem that decide how the kernels run it.
+
+A :class:`ChunkProblem` holds everything a chunk forward or backward call's launches depend on: the tensors' shapes,
+strides, dtypes and 16-byte alignment (:class:`TensorSpec`), which optional inputs are given, the packed
+sequences' host offsets when the caller gave them, the device's properties (:class:`~.device.DeviceInfo`) and the
+settings. From it the functions here decide, without tensors or a GPU:
+
+- the segment plan (:func:`plan_segments`): whether long sequences are cut into segments so that enough programs
+  fill the GPU, and how long the segments are (:func:`best_segment_len`, a time model over the walk's occupancy);
+- the pre-pass pieces (:func:`prepass_pieces`): whether the segment pre-pass runs on shorter pieces
+  (:func:`prepass_split`);
+- the kernel variants: tensor descriptors (:func:`tma_ready`), the two-warpgroup walk (:func:`use_walk_ws`), the
+  fused dk/dv walk (:func:`use_fused_dkdv`), the walk configurations (``kernels/configs.walk_candidates``) and the
+  operand precisions (:func:`precisions`).
+
+:mod:`~lightning_attention.ops.lightning.run` turns these decisions into the launch program of a call. Why the rules
+are what they are, with the measurements behind them: docs/kernels.md, "The segment plan" and "The segment pre-pass".
+"""
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton.language as tl
+
+from lightning_attention.ops.lightning.device import DeviceInfo
+from lightning_attention.ops.lightning.kernels import walk_ws
+from lightning_attention.ops.lightning.kernels.configs import (
+    cdiv,
+    state_operand_bytes,
+    use_dkdv_walk,
+    walk_candidates,
+    walk_programs_per_sm,
+)
+from lightning_attention.settings import Settings
+
+MAX_HEAD_DIM = 256
+# the backward="auto" rule: the chunk backward wants >= 128 KB of shared memory per block, below it the recompute
+# backward runs (docs/design.md, "Public API")
+CHUNK_BACKWARD_MIN_SHARED = 128 * 1024
+# head dims up to this: a walk grid of one program per SM already streams its bytes at about DRAM speed, so
+# segments that only add a second resident program per SM cost more (the pre-pass) than they gain
+BANDWIDTH_BOUND_DIM = 64
+# pre-pass programs resident per SM (its tuned configurations: one 8-warp program with BV = 128, or two or three
+# 4-warp programs with BV = 64)
+PREPASS_PROGRAMS_PER_SM = 2
+# a segmented pass costs about this much more than one walk over the same segments: the pre-pass reads (k, v) or
+# (q, do) again (forward 6 tensor passes instead of 4; backward 14 instead of 10)
+SEGMENTED_COST = 1.5
+TMA_MIN_CAPABILITY = 90  # Hopper: the tensor memory accelerator
+TMA_ALIGN = 16  # bytes: start address and every stride but the last
+_HAS_DESCRIPTORS = hasattr(tl, "make_tensor_descriptor")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """What a launch depends on of a tensor: shape, strides (elements), dtype and whether its address is a multiple
+    of 16 bytes (Triton specialises on it, tensor descriptors need it)."""
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: torch.dtype
+    aligned: bool = True
+
+    @classmethod
+    def of(cls, x: torch.Tensor) -> "TensorSpec":
+        return cls(tuple(x.shape), x.stride(), x.dtype, not x.data_ptr() % TMA_ALIGN)
+
+    @classmethod
+    def contiguous(cls, shape: tuple[int, ...], dtype: torch.dtype) -> "TensorSpec":
+        """A fresh allocation (PyTorch aligns them to at least 16 bytes)."""
+        strides, n = [], 1
+        for size in reversed(shape):
+            strides.append(n)
+            n *= max(size, 1)
+        return cls(shape, tuple(reversed(strides)), dtype, True)
+
+    def element_size(self) -> int:
+        return self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class ChunkProblem:
+    """One chunk forward or backward call, as its launches see it (module docstring).
+
+    ``q``, ``k``: ``[B, T, H, K]``; ``v`` (and ``do``): ``[B, T, H, V]``; ``h0`` (and ``dht``): ``[N, H, K, V]``
+    specs or None. ``num_seqs``: N; ``varlen``: the batch is packed sequences (cu_seqlens given); ``offsets``: their
+    host offsets (cu_seqlens_cpu), which let the plan cut them into segments. ``final_state``: the forward stores the
+    final state / the backward computes dh0. ``inter_chunk`` > 0: the inter-only mode with chunks of that many
+    tokens. ``fwd_states``: the backward receives the forward's segment states (their spec), else None.
+    """
+
+    q: TensorSpec
+    k: TensorSpec
+    v: TensorSpec
+    num_seqs: int
+    varlen: bool
+    offsets: tuple[int, ...] | None
+    has_slope: bool
+    h0: TensorSpec | None
+    final_state: bool
+    scale: float
+    inter_chunk: int
+    device: DeviceInfo
+    settings: Settings
+    do: TensorSpec | None = None
+    dht: TensorSpec | None = None
+    fwd_states: TensorSpec | None = None
+
+    @property
+    def shape(self) -> tuple[int, int, int, int, int]:
+        """(B, T, H, K, V)."""
+        B, T, H, K = self.q.shape
+        return B, T, H, K, self.v.shape[-1]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.q.dtype
+
+
+# precisions
+
+
+def acc_dtype(dtype: torch.dtype):
+    """The kernels' accumulator and state type: fp32, fp64 for fp64 inputs (the interpreter's references)."""
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def precisions(dtype: torch.dtype, bf16_inter: str) -> tuple[str | None, str]:
+    """(DOT_PREC, INTER_PREC): exact products for fp32/fp64 inputs; for fp16 the inter product (λq)·S in tf32 on fp32
+    operands (the state is never rounded to fp16: its values outgrow fp16); for bf16 the ``bf16_inter`` setting:
+    ``input`` (operands rounded to bf16 for the tensor-core product, as FLA does; 1.25× faster on an H100) or
+    ``tf32`` (fp32 operands)."""
+    if dtype in (torch.float32, torch.float64):
+        return "ieee", "ieee"
+    if dtype == torch.bfloat16:
+        return None, "tf32" if bf16_inter == "tf32" else "input"
+    return None, "tf32"
+
+
+def inter_precision(problem: ChunkProblem) -> str:
+    return precisions(problem.dtype, problem.settings.bf16_inter)[1]
+
+
+def pin(problem: ChunkProblem) -> tuple[int, int, int, int] | None:
+    """The pinned walk configuration (BT, BV, num_warps, num_stages) of the settings, or None."""
+    p = problem.settings.kernel_config
+    return None if p is None else (p.BT, p.BV, p.num_warps, p.num_stages)
+
+
+# tensor descriptors (docs/kernels.md, "Tensor descriptors (TMA)")
+
+
+def tma_enabled(device: DeviceInfo, settings: Settings) -> bool:
+    """An sm_90+ GPU, or the interpreter (CPU tests run the path an H100 runs), with a Triton that has in-kernel
+    descriptors, unless the ``tma`` setting is off."""
+    if not _HAS_DESCRIPTORS or not settings.tma:
+        return False
+    return not device.is_cuda or device.capability >= TMA_MIN_CAPABILITY
+
+
+def tma_ready(device: DeviceInfo, settings: Settings, *tensors) -> bool:
+    """Whether a walk may move ``tensors`` (each [B, T, H, D] with a contiguous last dim: specs or refs) through
+    tensor descriptors: a 16-byte aligned start and batch / token / head strides on 16-byte multiples."""
+    if not tma_enabled(device, settings):
+        return False
+    for x in tensors:
+        spec = x.spec if hasattr(x, "spec") else x
+        s = spec.strides
+        if s[-1] != 1 or not spec.aligned or (s[0] | s[1] | s[2]) * spec.element_size() % TMA_ALIGN:
+            return False
+    return True
+
+
+# the two-warpgroup walk (docs/kernels.md, "The two-warpgroup walk")
+
+
+@functools.lru_cache(maxsize=None)
+def _walk_ws_available() -> bool:
+    return walk_ws.lightning_walk_ws_kernel is not None and walk_ws.triton_version_supported()
+
+
+def walk_ws_shape(problem: ChunkProblem, DK: int, DV: int) -> bool:
+    """Whether walks of this problem may run the two-warpgroup kernel (``kernels/walk_ws.py``): bf16 with the bf16
+    inter product, K = 256, V a multiple of 64, on an sm_90 GPU (Hopper's warpgroup MMA) with descriptors on and a
+    Triton it was checked with, unless the ``gluon`` setting is off."""
+    device, settings = problem.device, problem.settings
+    return (
+        device.is_cuda and device.capability == 90 and problem.dtype == torch.bfloat16 and DK == walk_ws.WS_DK
+        and DV % (2 * walk_ws.WS_BV) == 0 and inter_precision(problem) == "input" and settings.gluon
+        and tma_enabled(device, settings) and _walk_ws_available()
+    )  # fmt: skip
+
+
+def use_walk_ws(problem: ChunkProblem, DK: int, DV: int, plan: "SegmentPlan", inter_chunk: int, use_tma: bool) -> bool:
+    """Whether a walk launch (the walk or its pre-pass) runs the two-warpgroup kernel instead of the Triton walk:
+    :func:`walk_ws_shape`, a fixed-length batch, tensors the descriptors take, not the inter-only mode, and a grid
+    that would take the Triton walk more than one round (it has half the Triton walk's programs, each running both
+    halves' chains: with fewer than half the SMs' worth, one Triton round at one chain per SM is shorter)."""
+    if inter_chunk or not use_tma or plan.varlen != 0 or not walk_ws_shape(problem, DK, DV):
+        return False
+    programs = DV // (2 * walk_ws.WS_BV) * problem.q.shape[2] * plan.total
+    return 2 * programs > problem.device.sm_count
+
+
+# the segment plan (docs/kernels.md, "The segment plan")
+
+
+@dataclass(frozen=True)
+class SegmentPlan:
+    """How the sequences are cut into the walk's work items.
+
+    varlen: 0 = fixed-length batch (segments of ``seg_len`` tokens, ``per_seq`` per sequence), 1 = packed sequences
+    one segment each (read from cu_seqlens on the device), 2 = packed sequences cut on the host (``seg_table``: rows
+    (n, bos, eos, flags) and ``seq_segs`` [N + 1]: the first segment of each sequence).
+    """
+
+    varlen: int
+    segmented: bool
+    total: int  # number of work items (segments over all sequences)
+    per_seq: int = 1
+    seg_len: int = 0
+    seg_table: tuple[int, ...] | None = None  # flattened [total, 4] int32
+    seq_segs: tuple[int, ...] | None = None
+
+
+def walk_first(problem: ChunkProblem, DK: int, DV: int, tma: bool):
+    """The main walk's first configuration (what the autotuner tries first) for head dims (DK, DV)."""
+    state_bytes = state_operand_bytes(inter_precision(problem))
+    return walk_candidates(
+        DK, DV, problem.q.element_size(), problem.device.shared_per_block, state_only=False, tma=tma,
+        state_bytes=state_bytes, pin=pin(problem),
+    )[0]  # fmt: skip
+
+
+def walk_slots(problem: ChunkProblem, DK: int, DV: int) -> tuple[int, int]:
+    """(walk programs the GPU runs at once, their value tile) for the main walk's first configuration: SMs × the
+    programs one SM holds (a grid of fewer leaves SMs idle, a grid of more runs in rounds), and the BV that sets a
+    grid's program count (cdiv(V, BV) per head)."""
+    device = problem.device
+    tma = tma_enabled(device, problem.settings)
+    first = walk_first(problem, DK, DV, tma)
+    per_sm = walk_programs_per_sm(first, DK, problem.q.element_size(), device.shared_per_sm, tma)
+    return device.sm_count * per_sm, first.kwargs["BV"]
+
+
+def fills_every_sm_once(DK: int, DV: int, programs: int, sms: int) -> bool:
+    """Whether an unsegmented walk of ``programs`` programs is left whole because it already fills every SM once
+    (within the plan's 5% margin: 128 programs on 132 SMs do) and the walk is bound by bandwidth there (head dims up
+    to :data:`BANDWIDTH_BOUND_DIM`)."""
+    return max(DK, DV) <= BANDWIDTH_BOUND_DIM and programs >= 0.95 * sms
+
+
+@functools.lru_cache(maxsize=4096)
+def best_segment_len(length: int, programs: int, slots: int, min_len: int) -> int:
+    """The segment length (a multiple of 64; 0 = one segment) that minimises the estimated time of a walk.
+
+    ``length``: tokens per sequence; ``programs``: programs of the unsegmented walk; ``slots``: programs the GPU
+    runs at once. Programs of equal length run in ``ceil(programs / slots)`` rounds, so cutting every sequence into
+    ns segments costs ``rounds(ns·programs) · length/ns`` token steps, times :data:`SEGMENTED_COST` for the
+    pre-pass. More segments must win by 5%: e.g. on 132 SMs, 256 programs of 8K tokens stay whole (one
+    round either way), 64 programs of 32K become 256 of 8K.
+    """
+
+    def seg_of(ns: int) -> int:
+        return cdiv(cdiv(length, ns), 64) * 64
+
+    def cost(ns: int) -> float:
+        return cdiv(ns * programs, slots) * seg_of(ns) * (1.0 if ns == 1 else SEGMENTED_COST)
+
+    best = 1
+    for ns in range(2, max(1, min(length // min_len, cdiv(4 * slots, programs))) + 1):
+        if cost(ns) < 0.95 * cost(best):  # more segments only for a clear gain (the model is coarse)
+            best = ns
+    return 0 if best == 1 else seg_of(best)
+
+
+def segment_len(problem: ChunkProblem, lengths_total: int, num_seqs: int, fixed_length: bool) -> int:
+    """Tokens per segment (0: do not segment): the ``segment_len`` setting, else from the GPU (never on the
+    interpreter). ``fixed_length``: a [B, T] batch (the two-warpgroup walk's case), else packed sequences."""
+    forced = problem.settings.segment_len
+    if forced is not None:
+        return forced
+    device = problem.device
+    if not device.is_cuda or num_seqs == 0:
+        return 0
+    _, _, H, DK, DV = problem.shape
+    if fixed_length and walk_ws_shape(problem, DK, DV):
+        # the two-warpgroup walk: one program per SM, two 32-wide value tiles each (a batch-1 grid of 16 heads is
+        # 64 programs: cut in two, not run on half the SMs)
+        slots, BV = device.sm_count, 2 * walk_ws.WS_BV
+    else:
+        slots, BV = walk_slots(problem, DK, DV)
+    programs = num_seqs * H * cdiv(DV, BV)
+    if fills_every_sm_once(DK, DV, programs, device.sm_count):
+        return 0
+    # a segment's fp32 state (4·K·V bytes) must stay within 25% of its q tile (seg·K·elem bytes): seg >= 16·V/elem
+    min_len = max(256, 16 * DV // problem.q.element_size())
+    return best_segment_len(cdiv(lengths_total, num_seqs), programs, slots, min_len)
+
+
+def _aligned(seg: int, align: int) -> int:
+    return cdiv(seg, align) * align if align else seg
+
+
+def plan_segments(problem: ChunkProblem) -> SegmentPlan:
+    """The work items of a call: segments of a fixed-length batch from the shapes, of packed sequences only from host
+    offsets (never a device->host copy). In the inter-only mode segments are a multiple of its chunk size."""
+    B, T, H, _, _ = problem.shape
+    align = problem.inter_chunk
+    if not problem.varlen:
+        seg = _aligned(segment_len(problem, B * T, B, fixed_length=True), align)
+        if seg == 0 or T <= seg:
+            return SegmentPlan(varlen=0, segmented=False, total=B, per_seq=1, seg_len=max(T, 1))
+        per_seq = cdiv(T, seg)
+        return SegmentPlan(varlen=0, segmented=True, total=B * per_seq, per_seq=per_seq, seg_len=seg)
+    N, offsets = problem.num_seqs, problem.offsets
+    seg = _aligned(segment_len(problem, T, N, fixed_length=False), align) if offsets is not None else 0
+    if seg == 0 or all(b - a <= seg for a, b in zip(offsets[:-1], offsets[1:])):
+        return SegmentPlan(varlen=1, segmented=False, total=N)
+    rows, seq_segs = [], [0]
+    for n, (bos, eos) in enumerate(zip(offsets[:-1], offsets[1:])):
+        cuts = list(range(bos, eos, seg)) or [bos]  # a zero-length sequence keeps one empty segment
+        for j, start in enumerate(cuts):
+            flags = (1 if j == 0 else 0) | (2 if j == len(cuts) - 1 else 0)
+            rows += [n, start, min(start + seg, eos), flags]
+        seq_segs.append(len(rows) // 4)
+    return SegmentPlan(varlen=2, segmented=True, total=len(rows) // 4, seg_table=tuple(rows), seq_segs=tuple(seq_segs))
+
+
+def waves(problem: ChunkProblem, programs: int) -> int:
+    """The walk autotuner's WAVES key: 1 when ``programs`` (at 64-wide value tiles) fit the GPU at one per SM, else 2
+    (on the interpreter: 1)."""
+    device = problem.device
+    return 1 if not device.is_cuda or programs <= device.sm_count else 2
+
+
+# the segment pre-pass (docs/kernels.md, "The segment pre-pass")
+
+
+@dataclass(frozen=True)
+class PrepassPieces:
+    """How the pre-pass cuts a fixed-length batch's walk segments: ``split`` pieces of ``piece_len`` tokens per
+    segment, over tokens ``[lo, hi)`` of every sequence, ``count`` pieces per sequence, the first of them being piece
+    ``first`` of its sequence. ``split == 1``: the walk's own segments, all of them, in place (see the scan)."""
+
+    split: int
+    piece_len: int
+    lo: int
+    hi: int
+    count: int
+    first: int
+
+
+@functools.lru_cache(maxsize=4096)
+def prepass_split(seg_len: int, programs: int, slots: int, min_piece: int) -> int:
+    """Pieces per walk segment for the pre-pass (1 = the walk's own segments).
+
+    The pre-pass reads (k, v) once and keeps no q or o: with enough programs it is bound by bandwidth, but one
+    program per (walked segment, head) leaves it bound by latency when segments are long and few. So each segment is
+    cut into pieces of at least ``min_piece`` tokens (a multiple of 64 dividing ``seg_len``) until ``programs`` ×
+    pieces reaches twice ``slots`` (the pre-pass programs the GPU runs at once); the scan composes the pieces.
+    """
+    want = cdiv(2 * slots, max(programs, 1))
+    best = 1
+    if want <= 1:
+        return best
+    for split in range(2, seg_len // max(min_piece, 64) + 1):
+        if (seg_len // 64) % split:
+            continue
+        best = split
+        if split >= want:
+            break
+    return best
+
+
+def prepass_pieces(problem: ChunkProblem, plan: SegmentPlan, skip_final: bool, reverse: bool) -> PrepassPieces:
+    """The pre-pass's pieces of a segmented plan (:func:`prepass_split`, or the ``prepass_len`` setting; varlen
+    plans: the walk's segments).
+
+    ``skip_final``: the walk's last segment in walk order (the first one of a reverse walk) is left out: its local
+    state only feeds the final state."""
+    _, T, H, _, DV = problem.shape
+    split = 1
+    if plan.varlen == 0:
+        forced = problem.settings.prepass_len
+        if forced:
+            if plan.seg_len % forced:
+                raise ValueError(
+                    f"LIGHTNING_ATTENTION_PREPASS_LEN must be a multiple of 16 that divides the segment length "
+                    f"{plan.seg_len}, got {forced}"
+                )
+            split = plan.seg_len // forced
+        elif forced is None and problem.device.is_cuda:
+            walked = plan.total - (plan.total // plan.per_seq if skip_final else 0)
+            # the pieces' states within 12.5% of one input: 4·V / (piece·elem) <= 1/8
+            min_piece = max(256, 32 * DV // problem.q.element_size())
+            slots = PREPASS_PROGRAMS_PER_SM * problem.device.sm_count
+            split = prepass_split(plan.seg_len, walked * H, slots, min_piece)
+    if split == 1:
+        return PrepassPieces(1, plan.seg_len, 0, T, plan.per_seq, 0)
+    piece = plan.seg_len // split
+    lo = plan.seg_len if skip_final and reverse else 0
+    hi = (plan.per_seq - 1) * plan.seg_len if skip_final and not reverse else T
+    return PrepassPieces(split, piece, lo, hi, cdiv(hi - lo, piece), lo // piece)
+
+
+# backward variants
+
+
+def use_fused_dkdv(problem: ChunkProblem, DK: int, DV: int) -> bool:
+    """Whether dk and dv come from the fused walk (kernels/dkdv_walk.py) rather than two reverse walks: only with the
+    ``fused_dkdv`` setting (two walks are faster on the GPUs measured: docs/kernels.md, "The fused dk/dv walk"), and
+    only where its tiles cover the padded head dims (<= 128) and fit the shared memory."""
+    if not problem.settings.fused_dkdv:
+        return False
+    state_bytes = state_operand_bytes(inter_precision(problem))
+    return use_dkdv_walk(DK, DV, problem.q.element_size(), state_bytes, problem.device.shared_per_block)
+
+
+def use_recompute_backward(mode: str, device: DeviceInfo) -> bool:
+    """The backward of ``backward=mode``: "recompute", or "auto" on a GPU with under
+    :data:`CHUNK_BACKWARD_MIN_SHARED` bytes of shared memory per block."""
+    if mode != "auto":
+        return mode == "recompute"
+    return device.is_cuda and (device.shared_per_block or CHUNK_BACKWARD_MIN_SHARED) < CHUNK_BACKWARD_MIN_SHARED
