@@ -436,22 +436,51 @@ def backward_program(p: ChunkProblem) -> Program:
     return b.finish((dq, dk, dv, dh0))
 
 
-def problem_of(q, k, v, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, final_state, inter_chunk, do=None, dht=None,
-               fwd_states=None) -> ChunkProblem:  # fmt: skip
-    """The :class:`ChunkProblem` of a call on these tensors (validated inputs, last dims contiguous)."""
-    return ChunkProblem(
-        q=TensorSpec.of(q), k=TensorSpec.of(k), v=TensorSpec.of(v),
-        num_seqs=q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1,
-        varlen=cu_seqlens is not None,
-        offsets=None if cu_seqlens_cpu is None else tuple(cu_seqlens_cpu.tolist()),
-        has_slope=slope is not None,
-        h0=None if h0 is None else TensorSpec.of(h0),
-        final_state=final_state, scale=float(scale), inter_chunk=inter_chunk,
-        device=device_info(q.device), settings=settings.current(),
-        do=None if do is None else TensorSpec.of(do),
-        dht=None if dht is None else TensorSpec.of(dht),
-        fwd_states=None if fwd_states is None else TensorSpec.of(fwd_states),
+def _spec(x: torch.Tensor | None) -> tuple | None:
+    """What a program depends on of a tensor, as a plain tuple (cheap to build, hash and compare on every call)."""
+    return None if x is None else (x.shape, x.stride(), x.dtype, not x.data_ptr() & 15)
+
+
+def _key(q, k, v, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, final_state, inter_chunk, do=None, dht=None,
+         fwd_states=None) -> tuple:  # fmt: skip
+    """A call's program key: everything its :class:`ChunkProblem` holds, as one tuple. The settings object and the
+    device index stand for themselves (the same objects call after call: compared by identity first)."""
+    return (
+        _spec(q), _spec(k), _spec(v), None if cu_seqlens is None else cu_seqlens.shape[0] - 1,
+        None if cu_seqlens_cpu is None else tuple(cu_seqlens_cpu.tolist()), slope is not None, _spec(h0),
+        final_state, scale, inter_chunk, q.get_device(), settings.current(), _spec(do), _spec(dht), _spec(fwd_states),
     )  # fmt: skip
+
+
+def _problem(key: tuple) -> ChunkProblem:
+    """The :class:`ChunkProblem` of a program key (:func:`_key`)."""
+    q, k, v, num_seqs, offsets, has_slope, h0, final_state, scale, inter_chunk, index, config, do, dht, states = key
+
+    def spec(s):
+        return None if s is None else TensorSpec(tuple(s[0]), s[1], s[2], s[3])
+
+    return ChunkProblem(
+        q=spec(q), k=spec(k), v=spec(v), num_seqs=q[0][0] if num_seqs is None else num_seqs,
+        varlen=num_seqs is not None, offsets=offsets, has_slope=has_slope, h0=spec(h0), final_state=final_state,
+        scale=float(scale), inter_chunk=inter_chunk,
+        device=device_info(torch.device("cuda", index) if index >= 0 else torch.device("cpu")), settings=config,
+        do=spec(do), dht=spec(dht), fwd_states=spec(states),
+    )  # fmt: skip
+
+
+def problem_of(*args, **kwargs) -> ChunkProblem:
+    """The :class:`ChunkProblem` of a call on these tensors (the arguments of :func:`_key`)."""
+    return _problem(_key(*args, **kwargs))
+
+
+@functools.lru_cache(maxsize=512)
+def _forward_program(key: tuple) -> Program:
+    return forward_program(_problem(key))
+
+
+@functools.lru_cache(maxsize=512)
+def _backward_program(key: tuple) -> Program:
+    return backward_program(_problem(key))
 
 
 def chunk_forward(q, k, v, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk=0):
@@ -470,8 +499,8 @@ def chunk_forward(q, k, v, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, output_
         if output_final_state:
             ht = h0.to(sdt, copy=True) if h0 is not None else q.new_zeros(N, H, K, V, dtype=sdt)
         return o, ht, None
-    p = problem_of(q, k, v, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk)
-    return forward_program(p)(q, k, v, slope, h0, cu_seqlens)
+    key = _key(q, k, v, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk)
+    return _forward_program(key)(q, k, v, slope, h0, cu_seqlens)
 
 
 def chunk_backward(
@@ -490,12 +519,11 @@ def chunk_backward(
         if need_dh0:
             dh0 = dht.to(sdt, copy=True) if dht is not None else q.new_zeros(N, H, K, V, dtype=sdt)
         return q.new_empty(q.shape), q.new_empty(q.shape), v.new_empty(v.shape), dh0
-    p = problem_of(q, k, v, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, need_dh0, inter_chunk, do=do, dht=dht,
-                   fwd_states=fwd_states)  # fmt: skip
-    return backward_program(p)(q, k, v, do, dht, slope, h0, cu_seqlens, fwd_states)
+    key = _key(q, k, v, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, need_dh0, inter_chunk, do, dht, fwd_states)
+    return _backward_program(key)(q, k, v, do, dht, slope, h0, cu_seqlens, fwd_states)
 
 
 def clear_programs() -> None:
     """Forgets every cached program (tests that replace a planning function)."""
-    forward_program.cache_clear()
-    backward_program.cache_clear()
+    for cached in (forward_program, backward_program, _forward_program, _backward_program):
+        cached.cache_clear()
