@@ -33,15 +33,17 @@ the group stays usable.
 When the header is exchanged:
 
 - **CPU tensors (gloo), or LIGHTNING_ATTENTION_DEBUG=1: on every call.** Reading the gathered header costs no
-  device sync there. Measured cost, 2 gloo ranks on one 2-core x86 VM (torch 2.13, H = 16, with slope):
-  ~0.2 ms per call, of which ~0.03 ms building the header and ~0.15 ms the all-gather — about 0.2 ms next to
-  ~1.5 ms for the state exchange and op of a 256-token slice there (``benchmarks/sp_header_cost.py``).
+  device sync there. Measured with ``benchmarks/sp_header_cost.py --device cpu`` (2 gloo ranks on a shared 2-core
+  x86 VM under load, torch 2.13, H = 16 with slope, 3 runs): about 40 µs of host work per call (the header with
+  its slope checksum 9-14 µs, the comparison 18 µs), plus one all-gather of 144 bytes per rank, 0.3-0.7 ms bare
+  on that machine; the whole check took 0.8-1.3 ms per call, next to 12-29 ms for the forward of a 256-token slice
+  (K = V = 64, float32), where the difference with and without the header was within the run-to-run noise.
 - **CUDA tensors (NCCL): on the first call of each call signature** (group, B, H, K, V, dtype, flags, scale), then
   remembered: reading the header back is a device->host sync, which the steady-state path must not pay. A later
   call that differs from the others only in a way the signature does not see (another slope of the same shape, an
   h0 on one rank only after it was checked with h0 on all) is not caught there; ``LIGHTNING_ATTENTION_DEBUG=1``
-  checks every call. Measure the NCCL cost with
-  ``torchrun --nproc_per_node 2 benchmarks/sp_header_cost.py --device cuda``.
+  checks every call. Measure the cost of a checked call on NCCL (the first call of a signature, or every call in
+  debug mode) with ``torchrun --standalone --nproc_per_node 2 benchmarks/sp_header_cost.py --device cuda``.
 
 The decision must be the same on every rank: it depends on the tensors' device, the backend and the debug flag,
 which the header itself carries, so a rank running with another ``LIGHTNING_ATTENTION_DEBUG`` is reported on the
