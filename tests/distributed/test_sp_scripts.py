@@ -51,7 +51,7 @@ def test_sp_scripts_quick_on_cpu(tmp_path):
     assert longest["stopped_gpus_1"] == longest["stopped_gpus_2"] == "max_len"
     assert "machine_line" in scaling and scaling["elapsed_s"] > 0
 
-    # benchmarks/perf_tables.py reads both reports; a gloo run is a smoke test, not issue 9's GPU measurement
+    # benchmarks/perf_tables.py reads both reports; a gloo run is a smoke test, never counted as the GPU measurement
     spec = importlib.util.spec_from_file_location("perf_tables", os.path.join(BENCHMARKS, "perf_tables.py"))
     perf_tables = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(perf_tables)
