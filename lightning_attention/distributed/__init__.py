@@ -1,6 +1,7 @@
 """Sequence parallelism (LASP-2 style) on ``torch.distributed``.
 
-- :func:`lightning_attn_sp` — Lightning Attention over a sequence split across the ranks of a process group.
+- :func:`lightning_attn_sp` — Lightning Attention over a sequence split across the ranks of a process group;
+  ranks called inconsistently all raise the same error (:mod:`~lightning_attention.distributed.call_header`).
 - :func:`init_sequence_parallel`, :func:`shard_sequence`, :func:`sequence_bounds` — SP × DP process groups and
   slicing a batch along T.
 - :func:`sp_communication_bytes`, :func:`record_communication` — bytes per call (independent of T), predicted and

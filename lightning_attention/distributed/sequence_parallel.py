@@ -2,7 +2,7 @@
 
 The P ranks of a process group each hold a contiguous slice of the same sequences, in rank order: rank r holds
 ``n_r`` tokens (any ``n_r >= 0``, unequal allowed). Per head, with λ = exp(-slope) and h0 the global initial state,
-the recurrence of DESIGN §1 splits at the rank boundaries:
+the recurrence S_t = λ S_{t-1} + k_tᵀ v_t, o_t = scale · q_t S_t splits at the rank boundaries:
 
     S_r      = Σ_{t in slice r} λ^(n_r - 1 - t) k_tᵀ v_t                   local state, from a zero state
     S_in(0)  = h0
@@ -13,11 +13,14 @@ the recurrence of DESIGN §1 splits at the rank boundaries:
 
 where ``(o_local, S_r) = lightning_attn(q_r, k_r, v_r, output_final_state=True)`` from a zero state: the output of
 the recurrence restarted at S_in(r) is the zero-state output plus the decayed incoming state read by each query
-(DESIGN §1: o_t = scale · q_t (λ^(t+1) h0 + Σ_{s≤t} λ^(t-s) k_sᵀ v_s)).
+(unrolled, o_t = scale · q_t (λ^(t+1) h0 + Σ_{s≤t} λ^(t-s) k_sᵀ v_s)).
 
-Forward, on every rank: (1) ``o_local`` and ``S_r`` with ONE call of the public op; (2) ONE all-gather of every
-rank's ``S_r`` and ``n_r``; (3) the scan above (P small elementwise steps, the same on every rank); (4) the
-inter-rank term, one batched matmul ``[T_r, K] × [K, V]`` per (batch, head).
+Forward, on every rank: (0) the call header (:mod:`lightning_attention.distributed.call_header`): one all-gather of
+a fixed-size header, so that ranks called with different shapes, dtypes, flags, scale or slope all raise the same
+error instead of exchanging mismatched states (every call on CPU tensors or with ``LIGHTNING_ATTENTION_DEBUG=1``,
+the first call of each signature on CUDA); (1) ``o_local`` and ``S_r`` with ONE call of the public op; (2) ONE
+all-gather of every rank's ``S_r`` and ``n_r``; (3) the scan above (P small elementwise steps, the same on every
+rank); (4) the inter-rank term, one batched matmul ``[T_r, K] × [K, V]`` per (batch, head).
 The blocking rank-to-rank chain of LASP-1 becomes one collective whose volume is independent of T
 (:mod:`lightning_attention.distributed.comm_volume`).
 
@@ -35,22 +38,24 @@ Why exactly one collective per direction: autograd may run independent backward 
 different ranks, and gloo silently pairs up collectives of equal shape in issue order. Here the single backward
 collective sits between the backward of the inter-rank term (which produces dL/dS_in) and that of the op call
 (which consumes dL/dS_r), so its place in the order is fixed by data dependencies.
+
+An empty slice (n_r = 0) still joins both all-gathers: its zero local state is tied to q, k, v in the autograd
+graph (and its empty output to the incoming state), so whenever its inputs require grad its backward reaches the
+exchange like every other rank's, with or without h0. The call header carries whether a rank will run backward, so
+a rank that would not (grad mode off, or no input requiring grad) while others would is an error, not a hang.
 """
 
 import torch
 import torch.distributed as dist
 
-from lightning_attention.distributed.comm_volume import LENGTH_SLOTS, note_collective
+from lightning_attention.distributed.call_header import check_call_consistency
+from lightning_attention.distributed.comm_volume import LENGTH_SLOTS, recorded_all_gather
 from lightning_attention.ops.lightning.interface import lightning_attn
 from lightning_attention.ops.lightning.naive import compute_dtype
 from lightning_attention.ops.lightning.validation import check_lightning_attn_inputs
 
 # A float32 slot holds every integer below 2^24 exactly: a slice length n is sent as (n mod 2^24, n div 2^24).
 _LENGTH_RADIX = 2**24
-
-# Recent torch (2.13 here) deprecates all_gather_into_tensor for all_gather_single (same semantics); the GPU
-# machine's torch 2.11 has only the former. getattr also keeps builds without torch.distributed importable.
-_all_gather_flat = getattr(dist, "all_gather_single", None) or getattr(dist, "all_gather_into_tensor", None)
 
 
 def _world(group) -> tuple[int, int]:
@@ -63,14 +68,6 @@ def _world(group) -> tuple[int, int]:
     if rank < 0:
         raise ValueError("lightning_attn_sp was called on a rank that is not a member of `group`")
     return dist.get_world_size(group), rank
-
-
-def _all_gather(send: torch.Tensor, world_size: int, group, direction: str) -> torch.Tensor:
-    """Gathers a flat buffer from every rank of ``group``: returns ``[world_size, send.numel()]``."""
-    recv = send.new_empty(world_size * send.numel())
-    note_collective(direction, send, recv)
-    _all_gather_flat(recv, send, group=group)
-    return recv.view(world_size, send.numel())
 
 
 def _encode_length(n: int, like: torch.Tensor) -> torch.Tensor:
@@ -104,7 +101,7 @@ class _StateExchange(torch.autograd.Function):
     @staticmethod
     def forward(ctx, local_state, initial_state, slope, length, group, world_size, rank, grad_final):
         send = torch.cat([local_state.reshape(-1), _encode_length(length, local_state)])
-        recv = _all_gather(send, world_size, group, "forward")
+        recv = recorded_all_gather(send, world_size, group, "forward")
         states = recv[:, :-LENGTH_SLOTS].view(world_size, *local_state.shape)
         decays = _block_decays(slope, _decode_lengths(recv[:, -LENGTH_SLOTS:]), local_state.dtype)
 
@@ -131,7 +128,7 @@ class _StateExchange(torch.autograd.Function):
         # Unused outputs arrive as zeros (materialised grads), so every rank sends a buffer of the same shape.
         parts = [grad_incoming, grad_final] if ctx.grad_final else [grad_incoming]
         send = torch.stack(parts).reshape(-1)
-        recv = _all_gather(send, ctx.world_size, ctx.group, "backward")
+        recv = recorded_all_gather(send, ctx.world_size, ctx.group, "backward")
         recv = recv.view(ctx.world_size, len(parts), *grad_incoming.shape)
 
         # carry = G(j + 1) while walking j = P-1..0, starting from the summed gradient of the replicated final state
@@ -145,16 +142,28 @@ class _StateExchange(torch.autograd.Function):
         return grad_local, grad_initial, None, None, None, None, None, None
 
 
-def _empty_output(q, k, v, incoming) -> torch.Tensor:
-    """``[B, 0, H, V]`` output of an empty slice, tied to the autograd graph of q, k, v and the exchange.
+def _empty_local_state(q, k, v) -> torch.Tensor:
+    """The zero local state ``[B, H, K, V]`` (float32; float64 for float64 inputs) of an empty slice.
 
-    An empty slice must still join the backward all-gather: tying its output to ``incoming`` makes
-    ``loss.backward()`` on this rank reach ``_StateExchange.backward``. Tying it to q, k, v gives them (empty) zero
-    gradients instead of None, so upstream parameters see a gradient like on every other rank.
+    Tied to q, k, v (their sums over zero tokens, exactly 0) when they require grad: the exchange's outputs then
+    require grad on this rank as on the others, even without an h0 that requires grad, so this rank's backward
+    reaches ``_StateExchange.backward`` and joins its all-gather; q, k, v receive (empty) zero gradients instead of
+    None, so upstream parameters see a gradient like on every other rank.
+    """
+    B, _, H, K = q.shape
+    zeros = torch.zeros(B, H, K, v.shape[-1], dtype=compute_dtype(q.dtype), device=q.device)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        zeros = zeros + (q.sum() + k.sum() + v.sum()).to(zeros.dtype)
+    return zeros
+
+
+def _empty_output(q, v, incoming) -> torch.Tensor:
+    """``[B, 0, H, V]`` output of an empty slice, tied to the exchange's incoming state.
+
+    A loss that reads only this rank's (empty) output must still reach ``_StateExchange.backward``.
     """
     B, _, H, _ = q.shape
-    anchor = incoming.sum() * 0 + (q.sum() + k.sum() + v.sum()).to(incoming.dtype) * 0
-    return anchor.to(q.dtype).expand(B, 0, H, v.shape[-1])
+    return (incoming.sum() * 0).to(q.dtype).expand(B, 0, H, v.shape[-1])
 
 
 def _incoming_term(q, slope, incoming, scale) -> torch.Tensor:
@@ -205,41 +214,50 @@ def lightning_attn_sp(
         ``(o, final_state)``: o ``[B, T_r, H, V]`` in q.dtype (this rank's slice); final_state ``[B, H, K, V]``
         float32 or ``None``.
 
-    Every rank of ``group`` must call this with the same B, H, K, V, dtype and flags, and, when training, must
-    backpropagate through its output (an all-gather runs in forward and one in backward, as with DDP).
+    Every rank of ``group`` must call this with the same B, H, K, V, dtype, scale, slope, flags and h0 (given or
+    not, with the same values), with grad mode and requires-grad alike, and, when training, must backpropagate
+    through its output (an all-gather runs in forward and one in backward, as with DDP). A call that breaks this
+    raises the same ``ValueError`` on every rank (naming the argument and each rank's value) before any state is
+    exchanged; a rank whose own inputs are invalid raises its own error and the others name it. This is checked on
+    every call for CPU tensors (gloo) and with ``LIGHTNING_ATTENTION_DEBUG=1``, on the first call of each shape
+    signature for CUDA tensors (:mod:`lightning_attention.distributed.call_header`; h0's values in debug mode only).
     Communication per call: one all-gather of ``[B, H, K, V]`` states in each direction, independent of T
     (:func:`~lightning_attention.distributed.comm_volume.sp_communication_bytes`). Compute: one call of the public
     op per rank plus the inter-rank term ``λ^(t+1) q_t S_in`` (2·T_r·K·V FLOP per head, like one inter-chunk product).
     """
-    check_lightning_attn_inputs(
-        q,
-        k,
-        v,
-        slope,
-        scale=scale,
-        initial_state=initial_state,
-        output_final_state=output_final_state,
-        cu_seqlens=None,
-        cu_seqlens_cpu=None,
-        backward="auto",
-    )
     world_size, rank = _world(group)
     if world_size == 1:
         return lightning_attn(
             q, k, v, slope, scale=scale, initial_state=initial_state, output_final_state=output_final_state
         )
+    try:
+        check_lightning_attn_inputs(
+            q,
+            k,
+            v,
+            slope,
+            scale=scale,
+            initial_state=initial_state,
+            output_final_state=output_final_state,
+            cu_seqlens=None,
+            cu_seqlens_cpu=None,
+            backward="auto",
+        )
+        local_error = None
+    except (TypeError, ValueError) as e:  # raised after the header exchange, so that no other rank waits for this one
+        local_error = e
+    check_call_consistency(group, world_size, q, k, v, slope, scale, initial_state, output_final_state, local_error)
 
-    B, T, H, K = q.shape
-    V = v.shape[-1]
+    T = q.shape[1]
     if T > 0:
         o_local, local_state = lightning_attn(q, k, v, slope, scale=scale, output_final_state=True)
     else:
-        local_state = torch.zeros(B, H, K, V, dtype=compute_dtype(q.dtype), device=q.device)
+        local_state = _empty_local_state(q, k, v)
     incoming, final_state = _StateExchange.apply(
         local_state, initial_state, slope, T, group, world_size, rank, output_final_state
     )
     if T > 0:
         o = o_local + _incoming_term(q, slope, incoming, scale)
     else:
-        o = _empty_output(q, k, v, incoming)
+        o = _empty_output(q, v, incoming)
     return o, (final_state if output_final_state else None)

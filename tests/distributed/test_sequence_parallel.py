@@ -1,8 +1,9 @@
 """lightning_attn_sp on CPU ranks (gloo) against the single-process op on the full sequence.
 
 One spawn of 3 ranks runs every case (process start-up dominates the cost): 2-rank cases on a subgroup, 3-rank
-cases on the default group; each case is then checked by its own test. The reference is the public ``lightning_attn`` on the full sequence, in float64 from the
-same rounded inputs, so each case is held to the tolerance of its input dtype (DESIGN §5). Loss on rank r:
+cases on the default group; each case is then checked by its own test. The reference is the public
+``lightning_attn`` on the full sequence, in float64 from the same rounded inputs, so each case is held to the
+tolerance of its input dtype (lightning_attention/utils/testing.py). Loss on rank r:
 ``(o_r·do_r).sum() + (final·dht_r).sum()`` with ``Σ_r dht_r = dht``: the gradients that reach the replicated final
 state from several ranks must add up to the single-process gradient of ``(final·dht).sum()``.
 """
@@ -25,6 +26,7 @@ from lightning_attention.distributed import (
     shard_sequence,
     sp_communication_bytes,
 )
+from lightning_attention.distributed.call_header import HEADER_BYTES
 from lightning_attention.utils.testing import assert_close, tolerance
 from tests.distributed._workers import spawn
 
@@ -43,6 +45,7 @@ class Case:
     dtype: torch.dtype = torch.float32
     scale: float = 1.0
     initial_state: bool = True
+    h0_requires_grad: bool = True  # with initial_state: whether h0 is a leaf that asks for its gradient
     output_final_state: bool = True
 
 
@@ -59,6 +62,14 @@ CASES = [
     Case("w3_empty_middle", (30, 0, 25), 2, 2, 16, 16, None),
     # an empty first slice without a final state: rank 0's loss sees only an empty o and must still join backward
     Case("w3_empty_first", (0, 31, 20), 1, 2, 16, 32, (0.1, 1.0), output_final_state=False),
+    # empty slices whose exchange has no h0 requiring grad: their backward must still join the all-gather
+    Case("w2_empty_first_no_state", (0, 17), 1, 2, 16, 16, (0.2, 0.0), initial_state=False, output_final_state=False),
+    Case("w3_empty_first_no_h0", (0, 31, 20), 1, 2, 16, 32, (0.1, 1.0), initial_state=False),
+    Case("w3_empty_last_frozen_h0", (25, 30, 0), 2, 2, 16, 16, None, h0_requires_grad=False),
+    Case("w3_empty_middle_frozen_h0", (9, 0, 12), 1, 3, 16, 16, (0.0, 0.3, 2.0), h0_requires_grad=False,
+         output_final_state=False),
+    # every slice empty (T = 0): the final state is h0, its gradient the summed final-state gradients
+    Case("w2_all_empty", (0, 0), 2, 2, 16, 16, (0.1, 0.5)),
 ]
 
 
@@ -91,7 +102,7 @@ def _run_case(case: Case, rank: int, group, workdir) -> dict:
     start = sum(case.lengths[:rank])
     end = start + case.lengths[rank]
     q, k, v = (x[n][:, start:end].clone().requires_grad_() for n in ("q", "k", "v"))
-    h0 = None if x["h0"] is None else x["h0"].clone().requires_grad_()
+    h0 = None if x["h0"] is None else x["h0"].clone().requires_grad_(case.h0_requires_grad)
     with record_communication() as log:
         o, final = lightning_attn_sp(
             q,
@@ -147,16 +158,19 @@ def sp_results(tmp_path_factory):
 def _reference(case: Case, x: dict) -> dict:
     """Single-process lightning_attn on the full sequence, float64, same loss with dht = Σ_r dht_r."""
     q, k, v = (x[n].to(torch.float64).requires_grad_() for n in ("q", "k", "v"))
-    h0 = None if x["h0"] is None else x["h0"].to(torch.float64).requires_grad_()
+    h0 = None if x["h0"] is None else x["h0"].to(torch.float64).requires_grad_(case.h0_requires_grad)
     o, final = la.lightning_attn(
         q, k, v, x["slope"], scale=case.scale, initial_state=h0, output_final_state=case.output_final_state
     )
     loss = (o * x["do"].to(torch.float64)).sum()
     if case.output_final_state:
         loss = loss + (final * x["dht_parts"].to(torch.float64).sum(0)).sum()
-    loss.backward()
+    if loss.requires_grad:  # not when every slice is empty and h0 is frozen
+        loss.backward()
     dh0 = None if h0 is None else h0.grad
-    return {"o": o.detach(), "final": final, "dq": q.grad, "dk": k.grad, "dv": v.grad, "dh0": dh0}
+    # a sequence with no token gives its (empty) inputs no gradient in the reference: compare with empty zeros
+    grads = {n: t.grad if t.grad is not None else torch.zeros_like(t) for n, t in (("dq", q), ("dk", k), ("dv", v))}
+    return {"o": o.detach(), "final": final, **grads, "dh0": dh0}
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
@@ -184,8 +198,10 @@ def _check_against_single_process(case: Case, ranks: list[dict]) -> None:
             assert_close(f"final_state (rank {r})", res["final"], ref["final"], tol)
         else:
             assert res["final"] is None
-        if case.initial_state:  # every rank receives the full gradient of h0
+        if case.initial_state and case.h0_requires_grad:  # every rank receives the full gradient of h0
             assert_close(f"dh0 (rank {r})", res["dh0"], ref["dh0"], tol)
+        else:
+            assert res["dh0"] is None
 
 
 TRITON_CASE = Case("w2_triton", (37, 22), 1, 2, 16, 32, (0.0, 0.3), scale=0.5)
@@ -207,7 +223,8 @@ def test_triton_backend_matches_single_process(tmp_path):
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_one_collective_per_direction_independent_of_length(case, sp_results):
-    """One all-gather forward and one backward, of exactly the predicted size (which has no T in it)."""
+    """The call header, then one all-gather forward and one backward, of exactly the predicted size (no T in it);
+    empty slices join every one of them."""
     predicted = sp_communication_bytes(
         case.batch,
         case.heads,
@@ -215,8 +232,10 @@ def test_one_collective_per_direction_independent_of_length(case, sp_results):
         case.dim_v,
         len(case.lengths),
         output_final_state=case.output_final_state,
+        checked=True,  # CPU tensors: the header is exchanged on every call
     )
     expected = [
+        ("check", predicted.check_send, predicted.check_recv),
         ("forward", predicted.forward_send, predicted.forward_recv),
         ("backward", predicted.backward_send, predicted.backward_recv),
     ]
@@ -253,12 +272,17 @@ def test_rejects_bad_inputs_like_the_op():
 
 
 def test_communication_bytes_formula():
-    """[B, H, K, V] fp32 states (+ 2 length slots) forward; dS_in (and dfinal) backward; world-size multiples."""
+    """[B, H, K, V] fp32 states (+ 2 length slots) forward; dS_in (and dfinal) backward; world-size multiples;
+    the fixed-size call header when it is checked."""
     vol = sp_communication_bytes(2, 16, 128, 128, 4, output_final_state=True)
     state = 2 * 16 * 128 * 128 * 4
     assert vol.forward_send == state + 8 and vol.forward_recv == 4 * (state + 8)
     assert vol.backward_send == 2 * state and vol.backward_recv == 8 * state
+    assert vol.check_send == vol.check_recv == 0 and vol.total_send == 3 * state + 8
     assert sp_communication_bytes(2, 16, 128, 128, 4).backward_send == state
+    checked = sp_communication_bytes(2, 16, 128, 128, 4, output_final_state=True, checked=True)
+    assert checked.check_send == HEADER_BYTES and checked.check_recv == 4 * HEADER_BYTES
+    assert checked.total_send == vol.total_send + HEADER_BYTES
 
 
 @pytest.mark.parametrize("length, world_size", [(10, 3), (2, 3), (0, 2), (9, 1), (64, 4)])

@@ -1,4 +1,5 @@
-"""The sequence-parallel GPU scripts (benchmarks/sp_check_gpu.py, sp_scaling.py) at tiny sizes on CPU (gloo).
+"""The sequence-parallel GPU scripts (benchmarks/sp_check_gpu.py, sp_scaling.py, sp_header_cost.py) at tiny sizes
+on CPU (gloo).
 
 They run on a 2-GPU machine only in a short, scarce device call, so their plumbing is checked here: torchrun start,
 the JSON report under ``--out``, and the longest-sequence search stopping at the first out-of-memory or the time cap.
@@ -15,13 +16,15 @@ import types
 import pytest
 import torch
 
+from lightning_attention.distributed.call_header import HEADER_BYTES
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCHMARKS = os.path.join(REPO, "benchmarks")
 
 
-def _torchrun(script: str, out) -> None:
+def _torchrun(script: str, out, *options: str) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    cmd += [os.path.join(BENCHMARKS, script), "--quick", "--device", "cpu", "--out", str(out)]
+    cmd += [os.path.join(BENCHMARKS, script), "--quick", "--device", "cpu", "--out", str(out), *options]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run(cmd, check=False, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -38,6 +41,8 @@ def test_sp_scripts_quick_on_cpu(tmp_path):
     scaling = json.loads((tmp_path / "sp_scaling.json").read_text())
     comm = scaling["communication"]
     assert comm["independent_of_seq_len"] and comm["matches_prediction"]
+    # CPU tensors: the call header travels on every call, next to (not inside) the state exchange's bytes
+    assert {row["check_bytes_per_layer"] for row in comm["measured_rank0"]} == {HEADER_BYTES}
     assert [r["seq_len"] for r in comm["measured_rank0"]] == [64, 128]
     (rate,) = scaling["tokens_per_second"]
     assert rate["gpus_1"]["status"] == rate["gpus_2"]["status"] == "ok" and rate["speedup"] > 0
@@ -46,13 +51,21 @@ def test_sp_scripts_quick_on_cpu(tmp_path):
     assert longest["stopped_gpus_1"] == longest["stopped_gpus_2"] == "max_len"
     assert "machine_line" in scaling and scaling["elapsed_s"] > 0
 
-    # benchmarks/perf_tables.py reads both reports; a gloo run is a smoke test, not issue 9's GPU measurement
+    # benchmarks/perf_tables.py reads both reports; a gloo run is a smoke test, never counted as the GPU measurement
     spec = importlib.util.spec_from_file_location("perf_tables", os.path.join(BENCHMARKS, "perf_tables.py"))
     perf_tables = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(perf_tables)
     text = perf_tables.render(perf_tables.load_run(tmp_path))
     assert "T = 300, B = 1, H = 2, K = V = 32, float32, 2 ranks (gloo): passed = True" in text
     assert "| 9 | communication per layer independent of T (and = prediction) | not measured |" in text
+
+
+def test_header_cost_script_quick_on_cpu(tmp_path):
+    _torchrun("sp_header_cost.py", tmp_path, "--calls", "3", "--repeats", "1")
+    cost = json.loads((tmp_path / "sp_header_cost.json").read_text())
+    assert cost["header_bytes_per_rank"] == HEADER_BYTES and cost["backend"] == "gloo"
+    timed = ("build_us", "check_us", "all_gather_us", "forward_checked_us", "forward_cached_us")
+    assert all(cost[key] > 0 for key in timed), cost
 
 
 @pytest.fixture
