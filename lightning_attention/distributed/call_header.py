@@ -57,7 +57,7 @@ import struct
 import torch
 import torch.distributed as dist
 
-from lightning_attention.backend import debug_checks_enabled
+from lightning_attention import settings
 from lightning_attention.distributed.comm_volume import recorded_all_gather
 
 # "LASP" and the layout's version: a peer that sends anything else is reported instead of misread.
@@ -131,7 +131,7 @@ def _collective_device(q, group) -> torch.device:
 
 def checks_every_call(device: torch.device, group) -> bool:
     """Whether the header is exchanged on every call here (CPU tensors, a gloo group, or debug mode)."""
-    return device.type == "cpu" or debug_checks_enabled() or dist.get_backend(group) == "gloo"
+    return device.type == "cpu" or settings.current().debug or dist.get_backend(group) == "gloo"
 
 
 def _header(q, k, v, slope, scale, initial_state, output_final_state, every_call: bool) -> list[int]:
@@ -154,7 +154,7 @@ def _header(q, k, v, slope, scale, initial_state, output_final_state, every_call
         int(initial_state is not None),
         int(slope is not None),
         int(runs_backward),
-        int(debug_checks_enabled()),
+        int(settings.current().debug),
         int(every_call),
         _float_bits(scale),
         0,

@@ -160,9 +160,9 @@ def test_matches_fla_formulas(case):
     _check(got, _reference(x, case), case.dtype, case)
 
 
-def test_triton_backend_varlen_reverse(monkeypatch):
+def test_triton_backend_varlen_reverse(configure):
     """The same on the Triton kernels (interpreter on CPU), with int32 offsets and their host copy."""
-    monkeypatch.setenv("LIGHTNING_ATTENTION_BACKEND", "triton")
+    configure(backend="triton")
     case = dataclasses.replace(CASES[5], name="varlen_reverse_triton", length=36)
     x = _inputs(case, seed=1)
     cu = torch.tensor(case.cu_seqlens, dtype=torch.int32)

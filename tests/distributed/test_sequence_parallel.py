@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import lightning_attention as la
+from lightning_attention import settings
 from lightning_attention.distributed import (
     lightning_attn_sp,
     record_communication,
@@ -208,9 +209,9 @@ TRITON_CASE = Case("w2_triton", (37, 22), 1, 2, 16, 32, (0.0, 0.3), scale=0.5)
 
 
 def _triton_job(rank: int, world_size: int, workdir) -> dict:
-    # read at call time by lightning_attention.backend: the public op runs its Triton kernels (interpreter on CPU)
-    os.environ["LIGHTNING_ATTENTION_BACKEND"] = "triton"
-    return _run_case(TRITON_CASE, rank, None, workdir)
+    # the public op runs its Triton kernels (interpreter on CPU)
+    with settings.override(backend="triton"):
+        return _run_case(TRITON_CASE, rank, None, workdir)
 
 
 @pytest.mark.slow

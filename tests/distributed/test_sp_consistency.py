@@ -8,15 +8,14 @@ stay usable afterwards.
 """
 
 import dataclasses
-import os
 import re
 from collections.abc import Callable
-from unittest import mock
 
 import pytest
 import torch
 import torch.distributed as dist
 
+from lightning_attention import settings
 from lightning_attention.distributed import call_header, lightning_attn_sp, record_communication
 from lightning_attention.distributed.call_header import checksum
 from tests.distributed._workers import spawn
@@ -53,7 +52,7 @@ class Probe:
     expect: tuple[str, ...] | None  # per rank, a regex the ValueError/TypeError must match; None: the call succeeds
     world: int = WORLD_SIZE  # 2: runs on the subgroup of ranks 0 and 1
     grad_enabled: Callable[[int], bool] = lambda rank: True
-    debug: Callable[[int], bool] = lambda rank: False  # LIGHTNING_ATTENTION_DEBUG=1 on this rank
+    debug: Callable[[int], bool] = lambda rank: False  # the debug setting on this rank
 
 
 def _same(pattern: str, world: int = WORLD_SIZE) -> tuple[str, ...]:
@@ -198,8 +197,7 @@ PROBES = [
 
 def _run_probe(probe: Probe, rank: int, group) -> dict:
     """One rank's call of a probe, forward and (on success) backward: the error it raised or its final state."""
-    debug = {"LIGHTNING_ATTENTION_DEBUG": "1" if probe.debug(rank) else "0"}
-    with mock.patch.dict(os.environ, debug), torch.set_grad_enabled(probe.grad_enabled(rank)):
+    with settings.override(debug=probe.debug(rank)), torch.set_grad_enabled(probe.grad_enabled(rank)):
         try:
             o, final = lightning_attn_sp(**probe.call(rank), group=group)
             if o.requires_grad:
