@@ -180,7 +180,7 @@ def recompute_backward(
         K=K, V=V, BT=cfg.BT, BK=cfg.BK, BV=cfg.BV, K_PAD=cfg.K_pad, V_PAD=cfg.V_pad,
         USE_INITIAL_STATE=h0 is not None, USE_FINAL_STATE_GRADIENT=dht is not None,
         HAS_DECAY=slope is not None, IS_VARLEN=cu_seqlens is not None,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **kernel_dtypes(q.dtype),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **dtypes,
     )  # fmt: skip
     with on_device_of(q):
         _LAUNCHER(grid, args, constexprs, q)
