@@ -1,6 +1,6 @@
 """Lightning Attention: causal linear attention computed in tiles.
 
-Public API (names and shapes are a contract, see DESIGN §2 and the README):
+Public API (names and shapes are a contract: docs/design.md, "Public API", and the README):
 
 - :func:`lightning_attn` — prefill / training op, ``[B, T, H, K]`` layout, returns ``(o, final_state)``.
 - :func:`lightning_attn_decode` — one token per sequence, fp32 state pool updated in place.

@@ -1,4 +1,4 @@
-"""HybridChunkAttention: seed 004's ChunkedLightningAttention as a layer over projected q, k, v.
+"""HybridChunkAttention: hybrid chunk attention (ChunkedLightningAttention) as a layer over projected q, k, v.
 
 Causal softmax attention inside chunks of ``chunk_size`` tokens plus normalised linear attention over all previous
 chunks, added (see :mod:`lightning_attention.ops.hybrid` for the equations). Like the seed's module it takes
@@ -22,7 +22,7 @@ class HybridChunkAttention(nn.Module):
         head_dim: K, the q/k head dimension.
         num_heads: H.
         chunk_size: C, tokens per softmax chunk (the seed uses 256).
-        feature_map: ``"learned"`` (a :class:`LearnedFeatureMap`, seed 004), or a positive map name
+        feature_map: ``"learned"`` (a :class:`LearnedFeatureMap`), or a positive map name
             (``"elu+1"``, ``"relu2"``), or a positive module/FeatureMap. ``"identity"``/``"silu"`` raise ValueError.
         feature_dim: K' of the learned map (default K).
         per_head_feature_map: one learned projection per head (``[H, K, K']``) instead of one shared ``[K, K']``.

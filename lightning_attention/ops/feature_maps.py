@@ -1,4 +1,4 @@
-"""Kernel feature maps φ for linear attention (seed 004), and a registry of them by name.
+"""Kernel feature maps φ for linear attention (normalised and hybrid attention), and a registry of them by name.
 
 Linear attention replaces the softmax weight ``exp(q·k)`` with ``φ(q)·φ(k)``. The feature map decides two things:
 
@@ -49,7 +49,7 @@ def elu_plus_one(x: torch.Tensor) -> torch.Tensor:
 def relu_squared(x: torch.Tensor, eps: float = RELU2_EPS) -> torch.Tensor:
     """φ(x) = relu(x)² + eps ∈ [eps, ∞). ``[..., K] -> [..., K]``.
 
-    The square sharpens the weights (closer to softmax than elu+1, seed 004); ``eps`` keeps φ strictly positive so
+    The square sharpens the weights (closer to softmax than elu+1); ``eps`` keeps φ strictly positive so
     the normaliser of a query whose features are all clipped to zero is not 0.
     """
     return F.relu(x).square() + eps
@@ -81,7 +81,7 @@ FEATURE_MAPS: dict[str, FeatureMap] = {
 
 
 class LearnedFeatureMap(nn.Module):
-    """Learned feature map of seed 004: φ(x) = relu(x W)² + eps, a projection K -> K' then relu².
+    """Learned feature map: φ(x) = relu(x W)² + eps, a projection K -> K' then relu².
 
     Args:
         head_dim: K, the input head dimension.

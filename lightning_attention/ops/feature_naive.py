@@ -1,4 +1,4 @@
-"""Executable specifications of seed 004 in plain PyTorch: normalised linear attention and hybrid chunk attention.
+"""Executable specifications in plain PyTorch of normalised linear attention and hybrid chunk attention.
 
 Readable next to the seed (its ``LightningFeatureMap`` / ``ChunkedLightningAttention``), with the seed's mistakes
 fixed: decoding is inclusive (token t is added to the state before it is read) and there is one eps form,

@@ -1,4 +1,4 @@
-"""Hybrid chunk attention (seed 004's ChunkedLightningAttention): softmax inside chunks, linear attention across.
+"""Hybrid chunk attention (ChunkedLightningAttention): softmax inside chunks, linear attention across.
 
 The sequence is cut into chunks of C = ``chunk_size`` tokens (the last one may be shorter; with ``cu_seqlens`` the
 chunks restart at every sequence start). For token t of the chunk starting at c0, per head::

@@ -1,4 +1,4 @@
-"""Normalised linear attention with a feature map (seed 004), computed by :func:`lightning_attention.lightning_attn`.
+"""Normalised linear attention with a feature map, computed by :func:`lightning_attention.lightning_attn`.
 
 Per head, with λ = exp(-slope) (``slope=None``: λ = 1), a positive feature map φ (see
 :mod:`lightning_attention.ops.feature_maps`) and the initial pair (S₋₁, z₋₁) = ``initial_state`` (zeros if None)::
@@ -8,7 +8,7 @@ Per head, with λ = exp(-slope) (``slope=None``: λ = 1), a positive feature map
     o_t = (scale · φ(q_t))ᵀ S_t / ((scale · φ(q_t))ᵀ z_t + eps)
     final_state = (S_{T-1}, z_{T-1})
 
-Inclusive like DESIGN §1 (token t is in S_t and z_t before it is read), in the parallel path *and* in the decode
+Inclusive like ``lightning_attn`` (token t is in S_t and z_t before it is read), in the parallel path *and* in the decode
 step (seed 004's decode reads before it writes, and clamps where its parallel path adds: both fixed here). One eps
 form, ``den + eps``, everywhere. ``scale`` multiplies φ(q) (as in FLA's normalised linear attention): it cancels
 between numerator and denominator except against eps.
@@ -39,7 +39,7 @@ from lightning_attention.ops.lightning.interface import lightning_attn
 from lightning_attention.ops.lightning.naive import compute_dtype
 from lightning_attention.ops.lightning.validation import check_lightning_attn_inputs
 
-MAX_KERNEL_V = 256  # largest value head dim the kernels take (DESIGN §2)
+MAX_KERNEL_V = 256  # largest value head dim the kernels take (docs/design.md, "Public API")
 NARROW_V = 16  # smallest value head dim the kernels take: width of the separate normaliser call
 
 NormalisedState = tuple[torch.Tensor, torch.Tensor]  # (S [N, H, K', V], z [N, H, K']), float32

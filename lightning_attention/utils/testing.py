@@ -1,4 +1,4 @@
-"""Accuracy helpers shared by the tests and the benchmarks (DESIGN §5).
+"""Accuracy helpers shared by the tests and the benchmarks (docs/design.md, "Testing discipline").
 
 One tolerance table, relative L2 error against float64 computed from the same (rounded) inputs.
 Two low-precision results are never compared with each other: each is compared with float64.

@@ -1,4 +1,4 @@
-"""Feature maps (seed 004): values, positivity, the registry, and the learned map's gradients."""
+"""Feature maps: values, positivity, the registry, and the learned map's gradients."""
 
 import pytest
 import torch

@@ -1,6 +1,6 @@
-"""Hybrid chunk attention (seed 004) and the inter-chunk term it is built on.
+"""Hybrid chunk attention and the inter-chunk term it is built on.
 
-- lightning_attn_inter (PyTorch path; the Triton one when chunk.py provides it) vs a direct float64 formula;
+- lightning_attn_inter (PyTorch path and the Triton inter-only walk) vs a direct float64 formula;
 - the two hybrid references agree; the fast op matches them forward and backward for T not a multiple of C;
 - decoding token by token matches the float64 reference; the nn.Module trains its learned feature map;
 - bad chunk_size / eps / feature maps raise ValueError.
@@ -68,7 +68,7 @@ def _check_inter(fn, case):
     o, ht = fn(*leaves, slope, chunk_size=C, scale=0.5, initial_state=h0, output_final_state=True, cu_seqlens=cu_t)
     do = torch.randn(o.shape, generator=torch.Generator().manual_seed(4))
     dht = torch.randn(ht.shape, generator=torch.Generator().manual_seed(6))
-    ((o.float() * do).sum() + (ht * dht).sum()).backward()  # DESIGN §5 loss: the final state is covered too
+    ((o.float() * do).sum() + (ht * dht).sum()).backward()  # the final state is in the loss too
     if cu is None:
         o_ref = inter_reference(q, k, v, slope, C, 0.5, h0)
     else:  # every sequence restarts its chunks and its state

@@ -1,4 +1,4 @@
-"""The three executable references (quadratic, recurrent, chunked) agree in float64 (DESIGN §5 reference chain)."""
+"""The three executable references (quadratic, recurrent, chunked) agree in float64 (the first link of the reference chain)."""
 
 import pytest
 import torch

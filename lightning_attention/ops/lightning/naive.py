@@ -1,6 +1,6 @@
 """Executable specification of Lightning Attention, in plain PyTorch.
 
-One definition (DESIGN §1), per head h with decay λ = exp(-slope_h) and initial state S_{-1} = h0:
+One definition (docs/design.md, "Semantics"), per head h with decay λ = exp(-slope_h) and initial state S_{-1} = h0:
 
     S_t = λ · S_{t-1} + k_tᵀ v_t              S is [K, V]
     o_t = scale · q_t · S_t                    causal and inclusive: token t attends to itself
@@ -134,7 +134,7 @@ def chunk_lightning_attn(
     ever divided by a decayed quantity (strong decay simply underflows to 0).
 
     ``intra=False`` drops the intra-block term: each token then sees only the state before its block, i.e. the
-    inter-chunk term alone for blocks of ``chunk_size`` tokens (what the hybrid attention of seed 004 needs).
+    inter-chunk term alone for blocks of ``chunk_size`` tokens (what the hybrid chunk attention needs).
 
     Same arguments and returns as :func:`quadratic_lightning_attn`.
     """

@@ -14,7 +14,7 @@ settings. From it the functions here decide, without tensors or a GPU:
   operand precisions (:func:`precisions`).
 
 :mod:`~lightning_attention.ops.lightning.run` turns these decisions into the launch program of a call. Why the rules
-are what they are, with the measurements behind them: docs/kernels.md, "The segment plan" and "The segment pre-pass".
+are what they are, with the measurements behind them: docs/kernels.md, "The segment plan" and "Pre-pass pieces and the scan".
 """
 
 import functools
@@ -148,7 +148,7 @@ def pin(problem: ChunkProblem) -> tuple[int, int, int, int] | None:
     return None if p is None else (p.BT, p.BV, p.num_warps, p.num_stages)
 
 
-# tensor descriptors (docs/kernels.md, "Tensor descriptors (TMA)")
+# tensor descriptors (docs/kernels.md, "Tensor descriptors")
 
 
 def tma_enabled(device: DeviceInfo, settings: Settings) -> bool:
@@ -335,7 +335,7 @@ def waves(problem: ChunkProblem, programs: int) -> int:
     return 1 if not device.is_cuda or programs <= device.sm_count else 2
 
 
-# the segment pre-pass (docs/kernels.md, "The segment pre-pass")
+# the segment pre-pass (docs/kernels.md, "Pre-pass pieces and the scan")
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ Every pass is one run of the chunk walk (:mod:`~lightning_attention.ops.lightnin
 - forward: ``o`` (and the final state) in one walk over q, k, v;
 - backward: ``dq`` = the forward walk of (do, v, k) from h0ᵀ; ``dv``, ``dk`` = reverse walks of (k, q, do) and
   (v, do, q) through the reverse-time state G_t = λ G_{t+1} + scale·q_tᵀ do_t (G_{T-1} includes dht), or both
-  from one fused reverse walk; ``dh0`` = λ·G_0. Derivation, FLOP and byte counts: docs/kernels.md, "The walk".
+  from one fused reverse walk; ``dh0`` = λ·G_0. Derivation, FLOP and byte counts: docs/kernels.md, "The chunk walk".
 
 When the plan cuts sequences into segments (:func:`~lightning_attention.ops.lightning.plan.plan_segments`), a pass
 is three launches: the pre-pass computes every segment's local state from (k, v) in parallel, a short decayed scan

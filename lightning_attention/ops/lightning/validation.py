@@ -1,4 +1,4 @@
-"""Input checks for the public ops (DESIGN §2).
+"""Input checks for the public ops (docs/design.md, "Input checks").
 
 Two kinds of checks:
 

@@ -3,7 +3,7 @@
 The chunk walk (:mod:`.walk`) computes dv and dk as two reverse walks, (k, q, do) with state G [K, V] and
 (v, do, q) with Gᵀ [V, K]: each reads three tensors and rebuilds the same G. Here one program owns one (segment,
 head) with the *whole* G [K, V] in registers and produces both, per chunk of L <= BT tokens (walk position
-r = L-1-i, the distance from the chunk's last token; derivation in ``ops/lightning/README.md`` §3)::
+r = L-1-i, the distance from the chunk's last token; derivation in docs/kernels.md, "Backward as three more walks")::
 
     dv = scale·[(K Qᵀ) ⊙ D] dO + Λ K G          D_ij = λ^(r_i - r_j) for r_i >= r_j, else 0
     dk = scale·[(V dOᵀ) ⊙ D] Q + Λ V Gᵀ         Λ = diag(λ^(r_i + d0))

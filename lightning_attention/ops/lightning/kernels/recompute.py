@@ -1,4 +1,4 @@
-"""Triton kernels of the SRAM-bounded, recompute-heavy backward ("Lightning-3", seed 003, with decay).
+"""Triton kernels of the SRAM-bounded, recompute-heavy backward ("Lightning-3", with decay).
 
 Three sequential sweeps, run side by side by one launch (:func:`recompute_bwd_kernel`), one program per (tile of
 the output's head dim, sequence, head). Each walks its
@@ -142,7 +142,7 @@ def _dq_sweep(
         else:
             b_dA = tl.where(causal, b_dA, 0.0)
         b_dq = tl.dot(b_dA.to(b_k.dtype), b_k, input_precision=DOT_PRECISION, out_dtype=ACC)  # [BT, BK]
-        # inter: λ^(i+1) do_i S_prevᵀ, S_prev taken before this chunk is added (seed 003 counts it twice)
+        # inter: λ^(i+1) do_i S_prevᵀ, S_prev taken before this chunk is added (adding it first would count it twice)
         b_inter = tl.dot(b_do.to(STATE_OP), b_hT.to(STATE_OP), input_precision=DOT_PRECISION, out_dtype=ACC)
         if HAS_DECAY:
             b_inter = b_inter * b_qdecay[:, None]

@@ -8,7 +8,7 @@ interpreter). With a generic (q, k, v) -> o, the walk computes, per token t of t
     o_t = scale_intra · Σ_{s in chunk, s <= t} λ^(t-s) (q_t·k_s) v_s + scale_inter · λ^(t-c0+1) q_t S_{c0-1}
 
 (the intra part with the chunk's own tokens, the inter part with the state before the chunk, which starts at c0).
-Which tensors play q, k, v decides what is computed (derivation in ``ops/lightning/README.md``):
+Which tensors play q, k, v decides what is computed (derivation in docs/kernels.md, "The chunk walk"):
 
 ======================  =========================  =========  ============================================
 pass                     (q, k, v)                  direction  state

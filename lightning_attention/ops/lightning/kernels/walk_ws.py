@@ -2,7 +2,7 @@
 
 The Triton walk at K = V = 256 fits one 4-warp block per SM (its q and k tiles take 225 KB with three stages), and
 that warpgroup waits on each of its own products in turn: the SM runs one dependency chain, its tensor pipe 36% busy
-(``benchmarks/NOTES-kernels.md``, session 9). Here one program owns two neighbouring 32-wide value tiles of one
+(docs/kernels.md, "The two-warpgroup walk"). Here one program owns two neighbouring 32-wide value tiles of one
 (segment, head), and the SM runs two chains:
 
 - a one-warp producer streams each chunk's q and k tiles (shared by both consumers) and the two v tiles through a ring
@@ -12,7 +12,7 @@ that warpgroup waits on each of its own products in turn: the SM runs one depend
   product together with the state update, so its products overlap each other and the other consumer's.
 
 The segment pre-pass (the Triton walk's STATE_ONLY mode) has the same structure without q and o
-(:func:`lightning_state_ws_kernel`). Only the shapes the dispatcher gives them (``ops/lightning/chunk.py``): bf16,
+(:func:`lightning_state_ws_kernel`). Only the shapes the plan gives them (``plan.use_walk_ws``): bf16,
 K = 256 (the state's rows), V a multiple of 64, fixed-length batches, whole sequences or host-planned segments
 (``SEG_IN``), tensor descriptors; the scan, the inter-only mode and every other shape stay with the Triton kernels.
 Values match the Triton walk's up to the order of the fp32 sums (the same roundings: scores and λ-weighted values to
