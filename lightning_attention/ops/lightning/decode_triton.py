@@ -64,11 +64,8 @@ def launch_decode_step(q, k, v, state, slope, scale, state_indices, out, tiles=N
     grid, constexprs = _launch(
         B, H, K, v.shape[-1], slope is not None, state_indices is not None, device_info(q.device).sm_count, tiles
     )
-    args = (
-        q, k, v, state,
-        q if slope is None else slope,
-        q if state_indices is None else state_indices,
-        out,
+    args = (  # absent slope / state_indices: q, never read (library.pointers, spelled out: this is a hot path)
+        q, k, v, state, q if slope is None else slope, q if state_indices is None else state_indices, out,
         *q.stride(), *k.stride(), *v.stride(), *state.stride(), *out.stride(),
         scale,
     )  # fmt: skip

@@ -18,6 +18,12 @@ import torch
 from lightning_attention.backend import plain_eager
 
 
+def pointers(dummy: torch.Tensor, *tensors):
+    """Kernel pointer arguments in order, each absent one (None) replaced by ``dummy``: a real tensor the kernel never
+    reads (a flag tells it the tensor is absent), so every launch passes tensors in the same places."""
+    return tuple(dummy if t is None else t for t in tensors)
+
+
 def last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     """Strided views are taken as they are (the kernels take strides); only a non-unit last stride is copied."""
     return x if x.stride(-1) == 1 else x.contiguous()
@@ -36,12 +42,16 @@ def on_device_of(x: torch.Tensor):
 
 
 class TritonOp:
-    """``lightning_attention::name``: ``impl`` (type-annotated, as ``torch.library.custom_op`` requires) registered
-    with its ``fake``. Calling the object runs ``impl`` on the first tensor's device, directly in plain eager mode and
+    """``lightning_attention::name``: ``impl`` registered with its ``fake``. The operator's schema comes from the
+    type-annotated signature of ``schema`` (a function that only declares it, shared by operators of one schema), or
+    of ``impl`` itself. Calling the object runs ``impl`` on the first tensor's device, directly in plain eager mode and
     through the registered operator otherwise (compiling, tracing, dispatch modes); :attr:`op` is the operator."""
 
-    def __init__(self, name: str, impl: Callable, fake: Callable, mutates_args: tuple[str, ...] = ()):
-        @functools.wraps(impl)  # the operator's schema comes from impl's signature
+    def __init__(
+        self, name: str, impl: Callable, fake: Callable, mutates_args: tuple[str, ...] = (),
+        schema: Callable | None = None,
+    ):  # fmt: skip
+        @functools.wraps(schema or impl)  # torch.library reads the schema from this signature
         def on_device(*args, **kwargs):
             with on_device_of(args[0]):
                 return impl(*args, **kwargs)
@@ -54,10 +64,12 @@ class TritonOp:
         return self.direct(*args) if plain_eager() else self.op(*args)
 
 
-def triton_op(name: str, fake: Callable, mutates_args: tuple[str, ...] = ()) -> Callable[[Callable], TritonOp]:
+def triton_op(
+    name: str, fake: Callable, mutates_args: tuple[str, ...] = (), schema: Callable | None = None
+) -> Callable[[Callable], TritonOp]:
     """Decorator form of :class:`TritonOp`: ``@triton_op("chunk_fwd", fake=...)`` over the implementation."""
 
     def register(impl: Callable) -> TritonOp:
-        return TritonOp(name, impl, fake, mutates_args)
+        return TritonOp(name, impl, fake, mutates_args, schema)
 
     return register

@@ -103,6 +103,26 @@ def chunk_fwd(
 # chunk_bwd and recompute_bwd (one schema: the autograd Function picks either)
 
 
+def _backward_schema(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    do: torch.Tensor,
+    dht: torch.Tensor | None,
+    slope: torch.Tensor | None,
+    initial_state: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    cu_seqlens_cpu: torch.Tensor | None,
+    scale: float,
+    inter_chunk: int = 0,
+    fwd_states: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward operators: (dq, dk, dv, dh0) of the loss whose gradients w.r.t. o and the final state are ``do``
+    and ``dht``; dh0 is [N, H, K, V] when ``initial_state`` is given, else an empty [0]. ``fwd_states``: the forward
+    operator's segment states (its third output; empty or None: recomputed)."""
+    raise NotImplementedError  # declares the schema only
+
+
 def _backward_fake(q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, inter_chunk=0,
                    fwd_states=None):  # fmt: skip
     """dq, dk like q; dv like v; dh0 ``[N, H, K, V]`` in the state dtype when there is an initial state, else an
@@ -114,24 +134,10 @@ def _backward_fake(q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_seqlen
             q.new_empty(shape, dtype=compute_dtype(q.dtype)))  # fmt: skip
 
 
-@triton_op("chunk_bwd", fake=_backward_fake)
-def chunk_bwd(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    do: torch.Tensor,
-    dht: torch.Tensor | None,
-    slope: torch.Tensor | None,
-    initial_state: torch.Tensor | None,
-    cu_seqlens: torch.Tensor | None,
-    cu_seqlens_cpu: torch.Tensor | None,
-    scale: float,
-    inter_chunk: int = 0,
-    fwd_states: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Backward operator: (dq, dk, dv, dh0); dh0 is [N, H, K, V] when ``initial_state`` is given, else an empty [0].
-
-    ``fwd_states``: the forward operator's segment states (its third output; empty or None: recomputed)."""
+@triton_op("chunk_bwd", fake=_backward_fake, schema=_backward_schema)
+def chunk_bwd(q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, inter_chunk=0,
+              fwd_states=None):  # fmt: skip
+    """The chunk backward (:func:`~lightning_attention.ops.lightning.run.chunk_backward`)."""
     dq, dk, dv, dh0 = chunk_backward(
         last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v), last_dim_contiguous(do), dht,
         _slope32(slope), initial_state, cu_seqlens, cu_seqlens_cpu, scale, initial_state is not None, inter_chunk,
@@ -140,23 +146,11 @@ def chunk_bwd(
     return dq, dk, dv, _nothing(q) if dh0 is None else dh0
 
 
-@triton_op("recompute_bwd", fake=_backward_fake)
-def recompute_bwd(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    do: torch.Tensor,
-    dht: torch.Tensor | None,
-    slope: torch.Tensor | None,
-    initial_state: torch.Tensor | None,
-    cu_seqlens: torch.Tensor | None,
-    cu_seqlens_cpu: torch.Tensor | None,
-    scale: float,
-    inter_chunk: int = 0,
-    fwd_states: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The recompute backward (same schema as ``chunk_bwd``; ``inter_chunk`` must be 0 and ``fwd_states`` is not
-    used: it recomputes everything)."""
+@triton_op("recompute_bwd", fake=_backward_fake, schema=_backward_schema)
+def recompute_bwd(q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, inter_chunk=0,
+                  fwd_states=None):  # fmt: skip
+    """The recompute backward (:func:`~lightning_attention.ops.lightning.recompute.recompute_backward`;
+    ``inter_chunk`` must be 0 and ``fwd_states`` is not used: it recomputes everything)."""
     del cu_seqlens_cpu, inter_chunk, fwd_states  # the grid depends only on N; nothing saved is needed
     dq, dk, dv, dh0 = recompute_backward(
         last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v), last_dim_contiguous(do), dht,

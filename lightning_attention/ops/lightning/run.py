@@ -39,6 +39,7 @@ from lightning_attention.ops.lightning.kernels.configs import (
 from lightning_attention.ops.lightning.kernels.dkdv_walk import dkdv_kernel, tuned_dkdv_kernel
 from lightning_attention.ops.lightning.kernels.walk import lightning_scan_kernel, tuned_walk_kernel, walk_kernel
 from lightning_attention.ops.lightning.launch import Launcher
+from lightning_attention.ops.lightning.library import pointers
 from lightning_attention.ops.lightning.plan import (
     ChunkProblem,
     PrepassPieces,
@@ -109,8 +110,7 @@ def _walk(
     ``inter_chunk`` > 0: the inter-only mode with chunks of that many tokens (BT fixed, no intra-chunk term).
     ``skip_final`` (with ``state_only``): the last segment of each sequence in walk order stores zeros unread."""
     DK, DV = q.shape[-1], v.shape[-1]
-    dummy = q
-    o_ = dummy if o is None else o
+    (o_,) = pointers(q, o)
     # tensor descriptors need whole chunks: not the inter-only mode, whose chunks are shorter than its tile
     use_tma = not (inter_chunk and not state_only) and tma_ready(p.device, p.settings, q, k, v, o_)
     if use_tma and p.device.is_cuda:
@@ -126,14 +126,10 @@ def _walk(
             )  # fmt: skip
         return
     dot_prec, inter_prec = precisions(q.dtype, p.settings.bf16_inter)
+    cu = _cu_seqlens(b) if plan.varlen == 1 else None
+    table = None if plan.seg_table is None else _segment_table(b, plan)
     args = (
-        q, k, v, o_,
-        dummy if slope is None else slope,
-        dummy if h0 is None else h0,
-        dummy if ht is None else ht,
-        dummy if states is None else states,
-        dummy if plan.varlen != 1 else _cu_seqlens(b),
-        dummy if plan.seg_table is None else _segment_table(b, plan),
+        q, k, v, o_, *pointers(q, slope, h0, ht, states, cu, table),
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o_.stride()[:3],
         *_strides(h0), *_strides(ht), *_strides(states),
         float(scale_intra), float(scale_inter), float(scale_upd),
@@ -173,13 +169,8 @@ def _walk_ws(b, q, k, v, o, *, slope, h0, ht, states, plan, T, H, scale_intra, s
     """One launch of the two-warpgroup walk, with :func:`_walk`'s arguments (the cases ``plan.use_walk_ws``
     allows)."""
     DK, DV = q.shape[-1], v.shape[-1]
-    dummy = q
     args = (
-        q, k, v, o,
-        dummy if slope is None else slope,
-        dummy if h0 is None else h0,
-        dummy if ht is None else ht,
-        dummy if states is None else states,
+        q, k, v, o, *pointers(q, slope, h0, ht, states),
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
         *_strides(h0), *_strides(ht), *_strides(states),
         float(scale_intra), float(scale_inter), float(scale_upd),
@@ -201,7 +192,7 @@ def _state_ws(b, k, v, states, *, slope, plan, T, H, scale_upd, reverse, skip_fi
     """One launch of the two-warpgroup pre-pass: the local state of every segment of ``plan`` into ``states``."""
     DK, DV = k.shape[-1], v.shape[-1]
     args = (
-        k, v, k if slope is None else slope, states,
+        k, v, *pointers(k, slope), states,
         *k.stride()[:3], *v.stride()[:3], *_strides(states),
         float(scale_upd), T, H, plan.per_seq, plan.seg_len,
     )  # fmt: skip
@@ -216,17 +207,12 @@ def _dkdv(b, p, q, k, v, do, dk, dv, *, slope, dht, dh0, g_states, plan, T, H, s
     """One launch of the fused dk/dv reverse walk (kernels/dkdv_walk.py). q, k: [B, T, H, DK]; v, do: [B, T, H, DV];
     dk, dv: outputs like k, v; dht/dh0: [N, H, DK, DV] or None; g_states: [NSEG, H, DK, DV] incoming G or None."""
     DK, DV = q.shape[-1], v.shape[-1]
-    dummy = q
     dot_prec, inter_prec = precisions(q.dtype, p.settings.bf16_inter)
     fixed_bt = inter_only_tile(inter_chunk) if inter_chunk else 0
+    cu = _cu_seqlens(b) if plan.varlen == 1 else None
+    table = None if plan.seg_table is None else _segment_table(b, plan)
     args = (
-        q, k, v, do, dk, dv,
-        dummy if slope is None else slope,
-        dummy if dht is None else dht,
-        dummy if dh0 is None else dh0,
-        dummy if g_states is None else g_states,
-        dummy if plan.varlen != 1 else _cu_seqlens(b),
-        dummy if plan.seg_table is None else _segment_table(b, plan),
+        q, k, v, do, dk, dv, *pointers(q, slope, dht, dh0, g_states, cu, table),
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
         *_strides(dht), *_strides(dh0), *_strides(g_states),
         float(scale), T, H, plan.per_seq, plan.seg_len, inter_chunk,
@@ -257,14 +243,10 @@ def _scan(b, states, pieces_states, pieces: PrepassPieces, *, slope, h0, ht, pla
     DK, DV = states.shape[-2], states.shape[-1]
     BK = min(64, padded_dim(DK))
     BV = min(64, padded_dim(DV))
-    dummy = states
+    seq_segs = None if plan.seq_segs is None else _sequence_segments(b, plan)
+    table = None if plan.seg_table is None else _segment_table(b, plan)
     args = (
-        states, pieces_states,
-        dummy if h0 is None else h0,
-        dummy if ht is None else ht,
-        dummy if slope is None else slope,
-        dummy if plan.seq_segs is None else _sequence_segments(b, plan),
-        dummy if plan.seg_table is None else _segment_table(b, plan),
+        states, pieces_states, *pointers(states, h0, ht, slope, seq_segs, table),
         *states.stride(), *pieces_states.stride(), *_strides(h0), *_strides(ht),
         T, H, plan.per_seq, plan.seg_len, pieces.count, pieces.piece_len, pieces.first, pieces.split,
     )  # fmt: skip
