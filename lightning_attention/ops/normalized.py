@@ -34,7 +34,7 @@ from collections.abc import Callable
 import torch
 
 from lightning_attention.ops.feature_maps import FeatureMapLike, require_positive
-from lightning_attention.ops.lightning.decode import lightning_attn_decode
+from lightning_attention.ops.lightning.decode import lightning_attn_decode, pool_rows
 from lightning_attention.ops.lightning.interface import lightning_attn
 from lightning_attention.ops.lightning.naive import compute_dtype
 from lightning_attention.ops.lightning.validation import check_lightning_attn_inputs
@@ -290,10 +290,7 @@ def _decode_normaliser(phi_q, phi_k, z, slope, scale, state_indices) -> torch.Te
     """z ← λ z + φ(k) in place on the rows in use; returns scale · φ(q)ᵀz ``[B, H, 1]`` (0 for padding slots)."""
     B, H, _ = phi_q.shape
     ct = compute_dtype(phi_q.dtype)
-    rows = torch.arange(B, device=z.device) if state_indices is None else state_indices.long()
-    active = rows >= 0
-    live = rows[active]
-    lam = torch.ones(H, device=z.device, dtype=ct) if slope is None else torch.exp(-slope.to(ct))
+    active, live, lam = pool_rows(B, H, state_indices, slope, z.device, ct)
     z_new = lam[None, :, None] * z[live].to(ct) + phi_k[active].to(ct)
     z[live] = z_new.to(z.dtype)
     den = torch.zeros(B, H, 1, device=z.device, dtype=ct)

@@ -25,14 +25,20 @@ from lightning_attention.ops.lightning.naive import compute_dtype
 from lightning_attention.ops.lightning.validation import check_decode_inputs
 
 
+def pool_rows(batch: int, num_heads: int, state_indices, slope, device, ct) -> tuple:
+    """What a decode step on a slot-indexed pool needs first: (active ``[B]`` bool: the batch entries that are not
+    padding slots, live: their pool rows, λ ``[H]`` in ``ct``: 1 without slope)."""
+    rows = torch.arange(batch, device=device) if state_indices is None else state_indices.long()
+    active = rows >= 0
+    lam = torch.ones(num_heads, device=device, dtype=ct) if slope is None else torch.exp(-slope.to(ct))
+    return active, rows[active], lam
+
+
 def decode_step_torch(q, k, v, state, slope, scale, state_indices, out):
     """PyTorch decode step (CPU path and reference). Same contract as :func:`lightning_attn_decode`."""
     B, H, K = q.shape
     ct = compute_dtype(q.dtype)
-    rows = torch.arange(B, device=q.device) if state_indices is None else state_indices.long()
-    active = rows >= 0
-    live = rows[active]
-    lam = torch.ones(H, device=q.device, dtype=ct) if slope is None else torch.exp(-slope.to(ct))
+    active, live, lam = pool_rows(B, H, state_indices, slope, q.device, ct)
     s = state[live].to(ct) * lam[None, :, None, None]
     s = s + torch.einsum("bhk,bhv->bhkv", k[active].to(ct), v[active].to(ct))
     state[live] = s.to(state.dtype)

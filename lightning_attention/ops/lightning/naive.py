@@ -40,6 +40,16 @@ def _zero_state(n, h, k, v, device, dtype) -> torch.Tensor:
     return torch.zeros(n, h, k, v, device=device, dtype=dtype)
 
 
+def _in_compute_dtype(q, k, v, slope, initial_state):
+    """What every form starts from, in the arithmetic dtype: (dtype, q, k, v, slopes [H] (0: no decay), the initial
+    state [B, H, K, V] (zeros if None))."""
+    B, _, H, K = q.shape
+    ct = compute_dtype(q.dtype)
+    s = _slope_or_zeros(slope, H, q.device, ct)
+    h0 = _zero_state(B, H, K, v.shape[-1], q.device, ct) if initial_state is None else initial_state.to(ct)
+    return ct, q.to(ct), k.to(ct), v.to(ct), s, h0
+
+
 def _per_sequence(fn, q, k, v, slope, scale, initial_state, cu_seqlens):
     """Run ``fn`` on each packed sequence of a varlen batch (B == 1) and concatenate.
 
@@ -76,10 +86,7 @@ def quadratic_lightning_attn(q, k, v, slope=None, *, scale=1.0, initial_state=No
         return _per_sequence(quadratic_lightning_attn, q, k, v, slope, scale, initial_state, cu_seqlens)
     B, T, H, K = q.shape
     V = v.shape[-1]
-    ct = compute_dtype(q.dtype)
-    qf, kf, vf = q.to(ct), k.to(ct), v.to(ct)
-    s = _slope_or_zeros(slope, H, q.device, ct)
-    h0 = _zero_state(B, H, K, V, q.device, ct) if initial_state is None else initial_state.to(ct)
+    ct, qf, kf, vf, s, h0 = _in_compute_dtype(q, k, v, slope, initial_state)
 
     t = torch.arange(T, device=q.device, dtype=ct)
     dist = t[:, None] - t[None, :]  # [T, T], t - s
@@ -106,10 +113,8 @@ def recurrent_lightning_attn(q, k, v, slope=None, *, scale=1.0, initial_state=No
         return _per_sequence(recurrent_lightning_attn, q, k, v, slope, scale, initial_state, cu_seqlens)
     B, T, H, K = q.shape
     V = v.shape[-1]
-    ct = compute_dtype(q.dtype)
-    qf, kf, vf = q.to(ct), k.to(ct), v.to(ct)
-    lam = torch.exp(-_slope_or_zeros(slope, H, q.device, ct))[None, :, None, None]  # [1, H, 1, 1]
-    state = _zero_state(B, H, K, V, q.device, ct) if initial_state is None else initial_state.to(ct)
+    ct, qf, kf, vf, s, state = _in_compute_dtype(q, k, v, slope, initial_state)
+    lam = torch.exp(-s)[None, :, None, None]  # [1, H, 1, 1]
     outs = []
     for t in range(T):
         state = lam * state + torch.einsum("bhk,bhv->bhkv", kf[:, t], vf[:, t])
@@ -144,16 +149,14 @@ def chunk_lightning_attn(
     B, T, H, K = q.shape
     V = v.shape[-1]
     C = chunk_size
-    ct = compute_dtype(q.dtype)
-    s = _slope_or_zeros(slope, H, q.device, ct)
-    h0 = _zero_state(B, H, K, V, q.device, ct) if initial_state is None else initial_state.to(ct)
+    ct, qf, kf, vf, s, h0 = _in_compute_dtype(q, k, v, slope, initial_state)
     if T == 0:
         return v.new_zeros(B, 0, H, V).to(q.dtype), h0
 
     NT = (T + C - 1) // C
     pad = NT * C - T
     # [B, NT, C, H, D]: zero-padded tokens contribute nothing to scores or states
-    qc, kc, vc = (torch.nn.functional.pad(x.to(ct), (0, 0, 0, 0, 0, pad)).reshape(B, NT, C, H, -1) for x in (q, k, v))
+    qc, kc, vc = (torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad)).reshape(B, NT, C, H, -1) for x in (qf, kf, vf))
 
     pos = torch.arange(C, device=q.device, dtype=ct)
     lengths = torch.full((NT,), C, device=q.device, dtype=ct)
