@@ -23,6 +23,8 @@ and states are float32 (float64 for float64 inputs).
 
 import torch
 
+from lightning_attention.ops.lightning.packed import packed_chunk_lightning_attn
+
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """The arithmetic (and state) dtype for inputs of ``dtype``: float64 stays float64, all else float32."""
@@ -143,9 +145,16 @@ def chunk_lightning_attn(
 
     Same arguments and returns as :func:`quadratic_lightning_attn`.
     """
-    if cu_seqlens is not None:
-        fn = lambda *a, **kw: chunk_lightning_attn(*a, **kw, chunk_size=chunk_size, intra=intra)  # noqa: E731
-        return _per_sequence(fn, q, k, v, slope, scale, initial_state, cu_seqlens)
+    if cu_seqlens is not None:  # packed sequences: one computation over the row, no per-sequence loop
+        N = cu_seqlens.shape[0] - 1
+        B, T, H, K = q.shape
+        ct = compute_dtype(q.dtype)
+        s = _slope_or_zeros(slope, H, q.device, ct)
+        h0 = _zero_state(N, H, K, v.shape[-1], q.device, ct) if initial_state is None else initial_state.to(ct)
+        o, final = packed_chunk_lightning_attn(
+            q[0].to(ct), k[0].to(ct), v[0].to(ct), s, h0, cu_seqlens, scale=scale, chunk_size=chunk_size, intra=intra
+        )
+        return o[None].to(q.dtype), final
     B, T, H, K = q.shape
     V = v.shape[-1]
     C = chunk_size

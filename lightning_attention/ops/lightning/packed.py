@@ -1,0 +1,196 @@
+"""The chunked form on packed sequences, from device offsets alone: no host copy, no per-sequence Python loop.
+
+A batch of N sequences packed in one row of T tokens (offsets ``cu_seqlens [N + 1]``) is cut into blocks of C tokens
+of the *row*, as a single sequence would be; sequence boundaries are masks inside the blocks. Per token t with
+sequence n(t), its first token bos(t) and its position p(t) = t - bos(t):
+
+    intra:  scores_ij = (q_i·k_j) λ^(i-j) where j ≤ i and n(j) = n(i), else 0   (selected with ``where``)
+    inter:  a token whose sequence runs on from the previous block reads the carried state: λ^(i+1) q_i S_{b-1};
+            a token whose sequence starts inside the block reads its own h0: λ^(p+1) q_i h0[n]
+    carry:  S_b = the state of the block's last sequence after the block's last token
+
+The h0 terms concern only the first tokens of each sequence, so they are computed per sequence on a window of its
+first tokens and added where they belong; nothing of size T × K × V is ever formed. Final states are the states at
+each sequence's last token, from the carries and one block's partial sums (an empty sequence keeps its h0). Every
+shape depends on T, N and C only, so ``torch.compile`` captures the whole computation in one graph, and autograd
+goes through it: this is the CPU path's varlen training.
+
+The inter-only mode (the hybrid attention's linear half) chunks each *sequence* from its own start: a token reads
+the state after x, the token before its sequence-chunk. That state is a carry of the row's blocks plus a partial sum
+over x's row block, which is the token's own block or the one before: a window of 2C keys with masks.
+"""
+
+import torch
+
+
+def packed_chunk_lightning_attn(q, k, v, s, h0, cu_seqlens, *, scale: float, chunk_size: int, intra: bool = True):
+    """Lightning Attention on packed sequences (module docstring).
+
+    Args:
+        q, k: ``[T, H, K]``; v: ``[T, H, V]``, already in the arithmetic dtype (the batch row squeezed out).
+        s: ``[H]`` slopes (0: no decay); h0: ``[N, H, K, V]`` initial states (zeros where none).
+        cu_seqlens: ``[N + 1]`` offsets (any integer dtype, any device), from 0 to T.
+        scale: output scale; chunk_size: C; intra: False for the inter-chunk term alone (chunks from each sequence
+            start).
+
+    Returns:
+        ``(o [T, H, V], final_state [N, H, K, V])`` in the arithmetic dtype.
+    """
+    T, H, K = q.shape
+    V = v.shape[-1]
+    N = h0.shape[0]
+    if T == 0:  # every sequence is empty: each keeps its h0
+        return v.new_zeros(0, H, V), h0
+    C = chunk_size
+    NT = max(1, -(-T // C))
+    rows = _RowLayout(torch.as_tensor(cu_seqlens).to(device=q.device, dtype=torch.long), T, NT, C, q.dtype)
+    qb, kb, vb = (rows.blocks(x) for x in (q, k, v))  # [NT, C, H, D]
+    carries = _carries(rows, kb, vb, h0, -s)
+    before = torch.cat([torch.zeros_like(carries[:1]), carries[:-1]])  # S_{b-1} (never read in block 0)
+    if intra:
+        o = _outputs(rows, qb, kb, vb, before, -s)
+        fresh = ~rows.runs_on_tok  # the sequence starts in the token's block: it reads h0 itself
+        o = o + _h0_terms(rows, q, h0, -s, fresh, width=C)
+    else:
+        o, fresh = _inter_outputs(rows, qb, kb, vb, before, -s)
+        o = o + _h0_terms(rows, q, h0, -s, fresh, width=2 * C)
+    return scale * o, _final_states(rows, kb, vb, carries, h0, -s)
+
+
+class _RowLayout:
+    """Where every position of the padded row (NT·C tokens) stands: its sequence (N for padding: matches none), its
+    sequence's first token, its position in the sequence, and whether its sequence runs on from the previous
+    block."""
+
+    def __init__(self, cu: torch.Tensor, T: int, NT: int, C: int, dtype: torch.dtype):
+        self.cu, self.T, self.NT, self.C, self.dtype = cu, T, NT, C, dtype
+        N = cu.numel() - 1
+        t = torch.arange(NT * C, device=cu.device)
+        real = t < T
+        self.seq = torch.where(real, torch.bucketize(t, cu[1:], right=True), N)  # [NT·C]
+        self.first = torch.where(real, cu[self.seq.clamp(max=N - 1)], t)
+        self.pos = t - self.first  # [NT·C] int
+        block_start = (t // C) * C
+        self.runs_on_tok = (block_start > 0) & (self.seq[(block_start - 1).clamp(min=0)] == self.seq)
+
+    def blocks(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [T, ...]`` zero-padded to NT·C rows and cut into ``[NT, C, ...]`` blocks."""
+        pad = self.NT * self.C - x.shape[0]
+        return torch.nn.functional.pad(x, (0,) * (2 * (x.dim() - 1)) + (0, pad)).reshape(self.NT, self.C, *x.shape[1:])
+
+    def decay(self, log_lambda: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
+        """λ^exponent per head: ``exponent [...]`` (ints or floats) -> ``[..., H]``."""
+        return torch.exp(log_lambda * exponent.to(self.dtype)[..., None])
+
+
+def _carries(rows: _RowLayout, kb, vb, h0, log_lambda) -> torch.Tensor:
+    """``[NT, H, K, V]``: after each block's last real token, the state of that token's sequence."""
+    NT, C, N = rows.NT, rows.C, h0.shape[0]
+    c0 = torch.arange(NT, device=kb.device) * C
+    last = torch.clamp(c0 + C - 1, max=rows.T - 1)  # [NT]
+    seq_last = rows.seq[last]
+    j = c0[:, None] + torch.arange(C, device=kb.device)[None, :]  # [NT, C]
+    inside = (rows.seq.reshape(NT, C) == seq_last[:, None]) & (j <= last[:, None])
+    w = torch.where(inside[..., None], rows.decay(log_lambda, (last[:, None] - j).clamp(min=0)), 0.0)
+    local = torch.einsum("bjhk,bjhv->bhkv", kb * w[..., None], vb)
+    length = last - c0 + 1
+    fresh = rows.decay(log_lambda, rows.pos[last] + 1)[..., None, None] * h0[seq_last.clamp(max=N - 1)]
+    runs_on = rows.runs_on_tok[last]
+    carries, S = [], torch.zeros_like(h0[0])
+    for b in range(NT):  # the scan over blocks: NT small [H, K, V] updates
+        S = torch.where(runs_on[b], rows.decay(log_lambda, length[b])[:, None, None] * S, fresh[b]) + local[b]
+        carries.append(S)
+    return torch.stack(carries)
+
+
+def _outputs(rows: _RowLayout, qb, kb, vb, before, log_lambda) -> torch.Tensor:
+    """o (unscaled) of the full op without its h0 terms: intra within the block for tokens of one sequence, and
+    λ^(i+1) q_i S_{b-1} for tokens whose sequence runs on from the previous block. ``[T, H, V]``."""
+    NT, C = rows.NT, rows.C
+    local = torch.arange(C, device=qb.device)
+    dist = local[:, None] - local[None, :]
+    seq = rows.seq.reshape(NT, C)
+    same = (seq[:, :, None] == seq[:, None, :]) & (dist >= 0)  # [NT, C, C]
+    scores = torch.einsum("bihk,bjhk->bijh", qb, kb) * rows.decay(log_lambda, dist.clamp(min=0))
+    o = torch.einsum("bijh,bjhv->bihv", torch.where(same[..., None], scores, 0.0), vb)
+    qd = qb * rows.decay(log_lambda, local + 1)[None, :, :, None]  # λ^(i+1) q_i
+    carried = torch.einsum("bihk,bhkv->bihv", qd, before)
+    o = o + torch.where(rows.runs_on_tok.reshape(NT, C)[..., None, None], carried, 0.0)
+    return o.reshape(NT * C, *o.shape[2:])[: rows.T]
+
+
+def _inter_outputs(rows: _RowLayout, qb, kb, vb, before, log_lambda) -> tuple[torch.Tensor, torch.Tensor]:
+    """o (unscaled) of the inter-only mode without its h0 terms, and which tokens take an h0 term.
+
+    Token t reads S(x), x = the token before its sequence-chunk. With bx = x's row block, S(x) is λ^(x+1-c0(bx))
+    S_{bx-1} + Σ_{j in block bx, j ≤ x, same sequence} λ^(x-j) k_j v_j when x's sequence runs on from before block
+    bx, else λ^(p(x)+1) h0 + the same sum. bx is t's block b or b - 1, so S_{bx-1} is ``before[b]`` or
+    ``before[b-1]`` and the keys are in the window of blocks b - 1 and b. Tokens in their sequence's first chunk
+    (p < C) read λ^(p+1) h0 only; both kinds of h0 term are λ^(p(t)+1) q_t h0."""
+    NT, C, T = rows.NT, rows.C, rows.T
+    device = qb.device
+    t = torch.arange(NT * C, device=device)
+    reads_state = rows.pos >= C
+    x = (rows.first + (rows.pos // C) * C - 1).clamp(min=0)
+    bx = x // C
+    b = t // C
+    x_runs_on = rows.runs_on_tok[x]
+    exponent = (t - bx * C + 1).reshape(NT, C)  # λ^(t-x) · λ^(x+1-c0(bx)) = λ^(t+1-c0(bx))
+    qd = qb * rows.decay(log_lambda, exponent)[..., None]
+    in_this = torch.einsum("bihk,bhkv->bihv", qd, before)  # bx = b: S_{b-1}
+    in_prev = torch.einsum("bihk,bhkv->bihv", qd, torch.cat([before[:1], before[:-1]]))  # bx = b - 1: S_{b-2}
+    carried = torch.where((bx < b).reshape(NT, C)[..., None, None], in_prev, in_this)
+    takes_carry = (reads_state & x_runs_on).reshape(NT, C)
+    o = torch.where(takes_carry[..., None, None], carried, 0.0)
+    # partial sums over block bx: keys of blocks b - 1 and b, those of x's block, sequence and up to x
+    zeros = torch.zeros_like(kb[:1])
+    keys = torch.cat([torch.cat([zeros, kb[:-1]]), kb], dim=1)  # [NT, 2C, H, K]
+    vals = torch.cat([torch.cat([torch.zeros_like(vb[:1]), vb[:-1]]), vb], dim=1)
+    j = (torch.arange(NT, device=device)[:, None] - 1) * C + torch.arange(2 * C, device=device)[None, :]  # [NT, 2C]
+    j_seq = torch.where(j >= 0, rows.seq[j.clamp(min=0)], -1)
+    xb, bxb = x.reshape(NT, C), bx.reshape(NT, C)
+    keep = (j_seq[:, None, :] == rows.seq.reshape(NT, C)[:, :, None]) & (j[:, None, :] <= xb[:, :, None])
+    keep = keep & (j[:, None, :] // C == bxb[:, :, None]) & (j >= 0)[:, None, :] & reads_state.reshape(NT, C)[..., None]
+    dist = (t.reshape(NT, C)[:, :, None] - j[:, None, :]).clamp(min=0)  # t - j = (t - x) + (x - j)
+    scores = torch.einsum("bihk,bjhk->bijh", qb, keys) * rows.decay(log_lambda, dist)
+    o = o + torch.einsum("bijh,bjhv->bihv", torch.where(keep[..., None], scores, 0.0), vals)
+    fresh = ~reads_state | ~x_runs_on
+    return o.reshape(NT * C, *o.shape[2:])[:T], fresh
+
+
+def _h0_terms(rows: _RowLayout, q, h0, log_lambda, wanted: torch.Tensor, width: int) -> torch.Tensor:
+    """``[T, H, V]``: λ^(p(t)+1) q_t h0[n(t)] for the tokens ``wanted`` (``[NT·C]`` bool), which lie among the first
+    ``width`` tokens of their sequences: computed per sequence on that window and added at the tokens' places
+    (index_add into one spare row for the window's other places, so every shape is fixed)."""
+    T = rows.T
+    cu = rows.cu
+    r = torch.arange(width, device=q.device)
+    tok = cu[:-1, None] + r[None, :]  # [N, width]
+    inside = (tok < cu[1:, None]) & wanted[tok.clamp(max=wanted.numel() - 1)]
+    tok_c = tok.clamp(max=T - 1)
+    qd = q[tok_c] * rows.decay(log_lambda, r + 1)[None, :, :, None]  # [N, width, H, K]
+    terms = torch.einsum("nrhk,nhkv->nrhv", qd, h0)
+    out = q.new_zeros(T + 1, *terms.shape[2:])
+    out.index_add_(0, torch.where(inside, tok, T).flatten(), terms.flatten(0, 1))
+    return out[:T]
+
+
+def _final_states(rows: _RowLayout, kb, vb, carries, h0, log_lambda) -> torch.Tensor:
+    """``[N, H, K, V]``: the state after each sequence's last token (its h0 when it is empty)."""
+    C, N = rows.C, h0.shape[0]
+    device = kb.device
+    cu = rows.cu
+    n = torch.arange(N, device=device)
+    x = (cu[1:] - 1).clamp(min=0)  # each sequence's last token
+    empty = cu[1:] == cu[:-1]
+    bx = x // C
+    runs_on = rows.runs_on_tok[x]
+    carry = torch.cat([torch.zeros_like(carries[:1]), carries])[bx]  # S_{bx-1}
+    alpha = rows.decay(log_lambda, x - bx * C + 1)[..., None, None]
+    beta = rows.decay(log_lambda, rows.pos[x] + 1)[..., None, None]
+    base = torch.where(runs_on[:, None, None, None], alpha * carry, beta * h0)
+    j = bx[:, None] * C + torch.arange(C, device=device)[None, :]  # [N, C] the tokens of x's block
+    inside = (j <= x[:, None]) & (rows.seq[j] == n[:, None])
+    w = torch.where(inside[..., None], rows.decay(log_lambda, (x[:, None] - j).clamp(min=0)), 0.0)
+    partial = torch.einsum("njhk,njhv->nhkv", kb[bx] * w[..., None], vb[bx])
+    return torch.where(empty[:, None, None, None], h0, base + partial)
