@@ -214,9 +214,11 @@ def new_normalized_state(
 
 def packed_buffer(s: torch.Tensor, z: torch.Tensor) -> torch.Tensor | None:
     """The ``[P, H, K', V + 1]`` buffer of which ``s`` and ``z`` are the column views ``[..., :V]`` and ``[..., V]``,
-    or None when they are not laid out that way (or V + 1 exceeds the kernels' limit)."""
+    or None when they are not laid out that way (or V + 1 exceeds the kernels' limit, or torch.compile traces)."""
     V = s.shape[-1]
     if not fused_normaliser(V) or s.dtype != z.dtype or s.device != z.device:
+        return None
+    if torch.compiler.is_compiling():  # storage addresses cannot be traced: the two-call form compiles whole
         return None
     if s.untyped_storage().data_ptr() != z.untyped_storage().data_ptr():
         return None
@@ -248,7 +250,7 @@ def normalized_linear_attn_decode(
             views of one packed ``[P, H, K', V + 1]`` buffer (:func:`new_normalized_state`, or the final state of
             :func:`normalized_linear_attn` with V < 256), the step is a single :func:`lightning_attn_decode` call
             with v' = [v, 1] on that buffer (no copies, CUDA-graph friendly). Otherwise S is updated by
-            ``lightning_attn_decode`` and z by a few PyTorch ops (boolean row selection: a device sync on CUDA).
+            ``lightning_attn_decode`` and z by a few PyTorch ops.
         slope, scale, state_indices: as in :func:`lightning_attention.lightning_attn_decode` (``-1`` = padding slot:
             its rows are untouched and its output is zeros).
         feature_map, eps: as in :func:`normalized_linear_attn`.
@@ -290,9 +292,9 @@ def _decode_normaliser(phi_q, phi_k, z, slope, scale, state_indices) -> torch.Te
     """z ← λ z + φ(k) in place on the rows in use; returns scale · φ(q)ᵀz ``[B, H, 1]`` (0 for padding slots)."""
     B, H, _ = phi_q.shape
     ct = compute_dtype(phi_q.dtype)
-    active, live, lam = pool_rows(B, H, state_indices, slope, z.device, ct)
-    z_new = lam[None, :, None] * z[live].to(ct) + phi_k[active].to(ct)
-    z[live] = z_new.to(z.dtype)
-    den = torch.zeros(B, H, 1, device=z.device, dtype=ct)
-    den[active] = scale * torch.einsum("bhk,bhk->bh", phi_q[active].to(ct), z_new).unsqueeze(-1)
-    return den
+    src, rows, active, lam = pool_rows(B, H, state_indices, slope, z.device, ct)
+    old = z[rows].to(ct)
+    new = lam[None, :, None] * old + phi_k[src].to(ct)
+    z[rows] = torch.where(active.any(), new, old).to(z.dtype)
+    den = scale * torch.einsum("bhk,bhk->bh", phi_q.to(ct), new).unsqueeze(-1)
+    return torch.where(active[:, None, None], den, 0.0)

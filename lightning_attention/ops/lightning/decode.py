@@ -26,28 +26,33 @@ from lightning_attention.ops.lightning.validation import check_decode_inputs
 
 
 def pool_rows(batch: int, num_heads: int, state_indices, slope, device, ct) -> tuple:
-    """What a decode step on a slot-indexed pool needs first: (active ``[B]`` bool: the batch entries that are not
-    padding slots, live: their pool rows, λ ``[H]`` in ``ct``: 1 without slope)."""
-    rows = torch.arange(batch, device=device) if state_indices is None else state_indices.long()
+    """The rows a decode step reads and writes on a slot-indexed pool, without shapes that depend on the indices'
+    values (so torch.compile captures the step whole): ``(src [B], rows [B], active [B] bool, lam [H])``.
+
+    Slot b reads and writes pool row ``rows[b]`` with the inputs of slot ``src[b]``: itself when it is active, else
+    (a padding slot) the first active slot, so that every write to a row carries the same value. ``lam``: λ in
+    ``ct`` (1 without slope). When no slot is active, ``rows`` is row 0 for every slot and the caller writes back
+    what it read."""
+    indices = torch.arange(batch, device=device)
+    rows = indices if state_indices is None else state_indices.long()
     active = rows >= 0
+    src = torch.where(active, indices, torch.argmax(active.to(torch.int8)))
     lam = torch.ones(num_heads, device=device, dtype=ct) if slope is None else torch.exp(-slope.to(ct))
-    return active, rows[active], lam
+    return src, rows[src].clamp(min=0), active, lam
 
 
 def decode_step_torch(q, k, v, state, slope, scale, state_indices, out):
     """PyTorch decode step (CPU path and reference). Same contract as :func:`lightning_attn_decode`."""
     B, H, K = q.shape
     ct = compute_dtype(q.dtype)
-    active, live, lam = pool_rows(B, H, state_indices, slope, q.device, ct)
-    s = state[live].to(ct) * lam[None, :, None, None]
-    s = s + torch.einsum("bhk,bhv->bhkv", k[active].to(ct), v[active].to(ct))
-    state[live] = s.to(state.dtype)
-    o_live = scale * torch.einsum("bhk,bhkv->bhv", q[active].to(ct), s)
+    src, rows, active, lam = pool_rows(B, H, state_indices, slope, q.device, ct)
+    old = state[rows].to(ct)
+    new = old * lam[None, :, None, None] + torch.einsum("bhk,bhv->bhkv", k[src].to(ct), v[src].to(ct))
+    state[rows] = torch.where(active.any(), new, old).to(state.dtype)
+    o = torch.where(active[:, None, None], scale * torch.einsum("bhk,bhkv->bhv", q.to(ct), new), 0.0).to(q.dtype)
     if out is None:
-        out = torch.zeros(B, H, v.shape[-1], device=q.device, dtype=q.dtype)
-    else:
-        out.zero_()
-    out[active] = o_live.to(out.dtype)
+        return o
+    out.copy_(o)
     return out
 
 
