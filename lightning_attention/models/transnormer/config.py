@@ -1,10 +1,12 @@
 """Configuration of TransNormerLLM; field names follow the released checkpoints' ``config.json``."""
 
-from lightning_attention.models.transnormer.hf import PretrainedConfig
+from transformers import PretrainedConfig
+
+from lightning_attention.models import registration
 
 
 class TransNormerConfig(PretrainedConfig):
-    """TransNormerLLM hyper-parameters (a transformers ``PretrainedConfig`` when transformers is installed).
+    """TransNormerLLM hyper-parameters (a transformers ``PretrainedConfig``).
 
     Released-checkpoint fields (defaults are TransNormerLLM's):
         vocab_size: 64000 in the released tokenizer; 256 for the byte-level tokenizer of ``lightning-attention train``.
@@ -94,6 +96,8 @@ class TransNormerConfig(PretrainedConfig):
         self.use_cache = use_cache
         super().__init__(**kwargs)
         self.validate_fields()
+        # transformers builds the config before it looks up the model class: make AutoModel* know it by then
+        registration.ensure_models_registered()
 
     def validate_fields(self) -> None:
         """Raises ``ValueError`` naming the field for inconsistent values."""
