@@ -89,12 +89,10 @@ class TransNormerConfig(PretrainedConfig):
         self.softmax_attention_every = softmax_attention_every
         self.softmax_rotary_fraction = softmax_rotary_fraction
         self.rope_theta = rope_theta
-        self.tie_word_embeddings = tie_word_embeddings
-        self.pad_token_id = pad_token_id
-        self.bos_token_id = bos_token_id
-        self.eos_token_id = eos_token_id
         self.use_cache = use_cache
-        super().__init__(**kwargs)
+        # through the base class: transformers 4.x's constructor would reset them to its own defaults
+        super().__init__(tie_word_embeddings=tie_word_embeddings, pad_token_id=pad_token_id, bos_token_id=bos_token_id,
+                         eos_token_id=eos_token_id, **kwargs)
         self.validate_fields()
         # transformers builds the config before it looks up the model class: make AutoModel* know it by then
         registration.ensure_models_registered()
