@@ -329,3 +329,44 @@ def test_writer_keeps_valid_json_and_helpers(tmp_path):
         "lightning_attention.bench.not_there does not exist yet",
     )
     assert external.numbers({"a": 1, "b": {"c": 2.5, "d": "x"}, "e": True}) == {"a": 1.0, "b.c": 2.5}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="what a CPU-only machine does")
+@pytest.mark.parametrize("bench", ["kernels", "decode", "model", "hybrid"])
+def test_full_grid_on_a_cpu_is_refused_with_a_pointer_to_quick(bench, tmp_path, capsys):
+    assert cli.main(["bench", bench, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"lightning-attention bench {bench} --quick" in err
+    assert not (tmp_path / f"{bench}.json").exists()  # nothing started
+
+
+def test_cpu_throughput_is_not_labelled_per_gpu(tmp_path, capsys):
+    from lightning_attention.bench import model
+
+    records = [{"arch": "tnl", "context": 64, "tokens_per_s": 1234.0, "status": "ok"}]
+    for gpu, unit in ((None, "tokens/s "), ("NVIDIA H100", "tokens/s/GPU")):
+        doc = {"machine": {"gpu": gpu}, "machine_line": "m", "throughput": records, "skipped": []}
+        model.report(doc, tmp_path)
+        table = capsys.readouterr().out
+        assert unit in table
+        assert ("tokens/s/GPU" in table) == (gpu is not None)
+
+
+def test_cpu_timer_is_torch_utils_benchmark(monkeypatch):
+    from torch.utils import benchmark
+
+    from lightning_attention.bench import timing
+
+    used = []
+    real = benchmark.Timer
+
+    def spy(*args, **kwargs):
+        used.append(kwargs.get("num_threads"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(benchmark, "Timer", spy)
+    x = torch.randn(64, 64, requires_grad=True)
+    x.grad = torch.ones_like(x)
+    result = timing.bench(lambda: x @ x, torch.device("cpu"), warmup_ms=1, rep_ms=20, grad_to_none=[x])
+    assert used == [torch.get_num_threads()]  # the caller's threads, not the Timer's default of one
+    assert 0 < result.p20_ms <= result.median_ms <= result.p80_ms and x.grad is None
