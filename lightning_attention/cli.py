@@ -19,6 +19,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# optional dependencies -> the extra that installs them (pyproject.toml)
+EXTRAS = {"transformers": "hf", "tokenizers": "hf", "safetensors": "hf", "tqdm": "hf", "datasets": "data",
+          "matplotlib": "bench"}
+
+
 def _available_subcommands() -> dict[str, tuple[str, str]]:
     found = {}
     for name, (module, help_text) in SUBCOMMANDS.items():
@@ -52,8 +57,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(importlib.import_module(module).run(args) or 0)
     except UserError as exc:  # a problem the user can fix: its message, not a traceback
-        print(f"{parser.prog} {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        message = str(exc)
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").split(".")[0]
+        if top not in EXTRAS:
+            raise
+        message = f"this needs {top}: pip install 'lightning-attention[{EXTRAS[top]}]'"
+    print(f"{parser.prog} {args.command}: error: {message}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":
