@@ -3,6 +3,7 @@ LLaMA baseline, truthful --help defaults and one-line errors."""
 
 import math
 import os
+import sys
 
 import pytest
 import torch
@@ -79,3 +80,10 @@ def test_generate_without_a_checkpoint_is_a_one_line_error(tmp_path, capsys):
 def test_missing_data_file_is_a_one_line_error(tmp_path, capsys):
     assert main(["train", "--smoke", "--data", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "o")]) == 2
     assert "--data" in capsys.readouterr().err
+
+
+def test_hf_data_without_datasets_names_the_extra(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # as if it were not installed
+    assert main(["train", "--smoke", "--data", "hf:wikitext", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'lightning-attention[data]'" in err and "Traceback" not in err

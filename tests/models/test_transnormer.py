@@ -1,4 +1,5 @@
-"""TransNormerLLM model: cached generation == full forward, padding, packing, HF round trip, compile, autocast."""
+"""TransNormerLLM model: cached decoding == full forward, padding, packing, HF round trip, compile, autocast
+(transformers' generate() on the cache: test_generation.py)."""
 
 import pytest
 import torch
@@ -122,25 +123,6 @@ def test_hf_round_trip(tmp_path):
         assert torch.equal(a.token_mixer.slope, b.token_mixer.slope)
     ids = torch.randint(1, 256, (2, 9))
     assert torch.equal(model(ids).logits, loaded(ids).logits)
-
-
-def test_generate_greedy_beam_and_left_padding():
-    model = tiny_tnl(torch.float64)
-    ids = torch.randint(1, 256, (2, 6))
-    greedy = model.generate(ids, max_new_tokens=6, do_sample=False)
-    manual = ids
-    for _ in range(6):
-        nxt = model(manual, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
-        manual = torch.cat([manual, nxt], dim=1)
-    assert torch.equal(greedy, manual)
-    beams = model.generate(ids, max_new_tokens=5, do_sample=False, num_beams=3)
-    beams_no_cache = model.generate(ids, max_new_tokens=5, do_sample=False, num_beams=3, use_cache=False)
-    assert torch.equal(beams, beams_no_cache)
-    padded, mask = left_pad([ids[0].tolist(), ids[1, 3:].tolist()])
-    out = model.generate(padded, attention_mask=mask, max_new_tokens=4, do_sample=False)
-    alone = model.generate(ids[1:, 3:], max_new_tokens=4, do_sample=False)
-    assert torch.equal(out[1, -4:], alone[0, -4:])
-    assert torch.equal(out[0, -4:], greedy[0, 6:10])
 
 
 def test_cache_batch_select_and_repeat():

@@ -5,7 +5,6 @@ temporary folders, flushed to disk before the rename."""
 import json
 import os
 import pickle
-import shutil
 import signal
 import subprocess
 import sys
@@ -29,10 +28,8 @@ def saved(tmp_path_factory) -> str:
 
 
 @pytest.fixture
-def folder(saved, tmp_path) -> str:
-    copy = str(tmp_path / "tnl")
-    shutil.copytree(saved, copy)
-    return copy
+def folder(saved, copy_of) -> str:
+    return copy_of(saved)
 
 
 def test_layout_manifest_and_previous(saved):

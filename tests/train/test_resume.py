@@ -1,7 +1,6 @@
 """--resume continues the run with its own options: changing one is an error unless allowed by --resume-override;
 the length and the save/eval cadence may change freely."""
 
-import shutil
 
 import pytest
 
@@ -21,10 +20,8 @@ def stopped(tmp_path_factory) -> str:
 
 
 @pytest.fixture
-def run(stopped, tmp_path) -> str:
-    copy = str(tmp_path / "run")
-    shutil.copytree(stopped, copy)
-    return copy
+def run(stopped, copy_of) -> str:
+    return copy_of(stopped)
 
 
 @pytest.mark.parametrize("flags", [["--lr", "0.001"], ["--context", "16"], ["--seed", "7"], ["--batch-size", "2"],
