@@ -37,6 +37,16 @@ def test_auto_classes_resolve_transnormer_in_a_fresh_process(folder, order):
     assert run_fresh(code).splitlines() == ["TransNormerConfig", "TransNormerForCausalLM", "TransNormerModel"]
 
 
+def test_the_folder_ships_no_remote_code_pointer(folder):
+    """No modelling code travels with the folder, so its config must not send transformers looking for any."""
+    import json
+    import os
+
+    config = json.load(open(os.path.join(folder, "config.json")))
+    assert config["model_type"] == "transnormer" and "auto_map" not in config
+    assert not [name for name in os.listdir(folder) if name.endswith(".py")]
+
+
 def test_import_loads_no_transformers_and_works_without_it():
     assert run_fresh("import sys, lightning_attention; print('transformers' in sys.modules)") == "False"
     code = ("import sys; sys.modules['transformers'] = None  # as if it were not installed\n"
