@@ -147,9 +147,9 @@ def _sequence_parallel(cfg: TrainConfig, info: dist_utils.DistInfo):
     if sp == 1:
         return None, info.rank, info.world_size
     if cfg.arch != "tnl" or cfg.softmax_attention_every:
-        raise ValueError("--sequence-parallel needs --arch tnl without softmax layers (--softmax-attention-every)")
+        raise UserError("--sequence-parallel needs --arch tnl without softmax layers (--softmax-attention-every)")
     if sp < 1 or info.world_size % sp != 0:
-        raise ValueError(f"--sequence-parallel must divide the number of processes {info.world_size}, got {sp}")
+        raise UserError(f"--sequence-parallel must divide the number of processes {info.world_size}, got {sp}")
     from lightning_attention.distributed import init_sequence_parallel
 
     sp_group, _ = init_sequence_parallel(sp)
