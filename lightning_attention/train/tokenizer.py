@@ -74,7 +74,8 @@ def train_bpe_tokenizer(text: str, vocab_size: int, *, min_frequency: int = 2) -
 
 
 def _pieces(text: str, size: int = 1 << 20):
-    """``text`` in pieces of about ``size`` characters, cut at line ends (the pre-tokenizer never merges across)."""
+    """``text`` in pieces of about ``size`` characters, cut after a newline (for the encoder's threads and the
+    trainer's memory; a cut changes at most how the whitespace after that newline is split into tokens)."""
     start = 0
     while start < len(text):
         end = text.find("\n", start + size)
