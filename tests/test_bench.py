@@ -126,7 +126,7 @@ def test_without_matplotlib_json_then_replot(tmp_path, capsys, monkeypatch):
 
 
 def test_io_bytes_and_floor_match_design():
-    """DESIGN §4: grid (a) at K = V = 128 moves 1.07 GB forward, 2.95 GB fwd+bwd: 0.36 / 0.98 ms at 3.02 TB/s."""
+    """Grid (a) at K = V = 128 moves 1.07 GB forward, 2.95 GB fwd+bwd: 0.36 / 0.98 ms at 3.02 TB/s."""
     fwd, fwdbwd = metrics.attention_io_bytes(GRID_A_128)
     assert fwd == 4 * 65536 * 16 * 128 * 2
     assert fwdbwd == 11 * 65536 * 16 * 128 * 2
@@ -153,7 +153,7 @@ def test_flop_formulas():
 
 
 def test_decode_floor_matches_design():
-    """DESIGN §4 / issue 6: the state-bytes floor is 44 µs at batch 64 and 178 µs at batch 256 (H16, K=V=128)."""
+    """The decode step's state-bytes floor is 44 µs at batch 64 and 178 µs at batch 256 (H16, K=V=128)."""
     for batch, floor_us in ((64, 44), (256, 178)):
         nbytes = metrics.decode_step_bytes(batch, 16, 128, 128, torch.bfloat16)
         assert nbytes >= 2 * batch * 16 * 128 * 128 * 4
