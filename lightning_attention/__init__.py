@@ -13,6 +13,9 @@ __version__ = "0.1.0"
 from lightning_attention.ops.decay import paper_slopes, tnl_slopes
 from lightning_attention.ops.lightning.decode import lightning_attn_decode
 from lightning_attention.ops.lightning.interface import lightning_attn, lightning_attn_func
+from lightning_attention.models.registration import install as _register_with_transformers
+
+_register_with_transformers()  # TransNormerLLM in transformers' Auto classes, once they are imported
 
 __all__ = [
     "__version__",

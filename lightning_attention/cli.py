@@ -12,10 +12,16 @@ import lightning_attention
 
 # name -> (module, one-line help); modules are imported only when their subcommand runs
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("lightning_attention.cli_train", "train a small TransNormerLLM (or --arch llama) and save a checkpoint"),
+    "train": ("lightning_attention.cli_train", "train a small TransNormerLLM (or --arch llama) and save a checkpoint "
+                                               "folder"),
     "generate": ("lightning_attention.cli_generate", "stream text from a checkpoint with constant memory"),
     "bench": ("lightning_attention.bench.cli", "benchmarks: kernels, decode, model, hybrid (JSON + PNG)"),
 }
+
+
+# optional dependencies -> the extra that installs them (pyproject.toml)
+EXTRAS = {"transformers": "hf", "tokenizers": "hf", "safetensors": "hf", "tqdm": "hf", "datasets": "data",
+          "matplotlib": "bench"}
 
 
 def _available_subcommands() -> dict[str, tuple[str, str]]:
@@ -46,7 +52,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     module, _ = SUBCOMMANDS[args.command]
-    return int(importlib.import_module(module).run(args) or 0)
+    from lightning_attention.train.errors import UserError
+
+    try:
+        return int(importlib.import_module(module).run(args) or 0)
+    except UserError as exc:  # a problem the user can fix: its message, not a traceback
+        message = str(exc)
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").split(".")[0]
+        if top not in EXTRAS:
+            raise
+        message = f"this needs {top}: pip install 'lightning-attention[{EXTRAS[top]}]'"
+    print(f"{parser.prog} {args.command}: error: {message}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

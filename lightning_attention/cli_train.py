@@ -1,86 +1,98 @@
-"""``lightning-attention train``: train a small TransNormerLLM (or the LLaMA baseline) and save a checkpoint.
+"""``lightning-attention train``: train a small TransNormerLLM (or the LLaMA baseline) and save a checkpoint folder.
 
-With no arguments it trains the ``tiny`` TNL on Python's own documentation (``pydoc_data.topics``) with a byte-level
-tokenizer — a few minutes on a 2-core CPU, falling loss visible in the progress bar — and saves
-``checkpoints/tnl/checkpoint.pt``; ``lightning-attention generate --checkpoint checkpoints/tnl`` then samples from it.
-``--smoke`` runs a handful of steps in seconds (CI). On a GPU the same command uses the Triton kernels and bf16
-autocast; ``torchrun --nproc-per-node N -m lightning_attention train ...`` trains data parallel, and
-``--sequence-parallel S`` splits every sequence over groups of S ranks (LASP-2 style), composed with data parallel.
+With no arguments it trains the ``tiny`` TNL on Python's own documentation (``pydoc_data.topics``) with the byte
+tokenizer — a few minutes on a 2-core CPU, falling loss visible in the progress bar — and saves the transformers
+folder ``checkpoints/tnl``; ``lightning-attention generate`` then samples from it. ``--smoke`` runs a handful of steps
+in seconds (CI). On a GPU the same command uses the Triton kernels and bf16 autocast; ``torchrun --nproc-per-node N -m
+lightning_attention train ...`` trains data parallel, and ``--sequence-parallel S`` splits every sequence over groups
+of S ranks (LASP-2 style), composed with data parallel.
+
+The flags are the fields of :class:`~lightning_attention.train.config.TrainConfig`, with the help text each field
+carries. Plain argparse rather than transformers' ``HfArgumentParser``: that one prints "(default: None)" where a
+preset or ``--smoke`` decides the value, and ``--help`` would import transformers.
 """
 
 import argparse
-import os
+import typing
+from dataclasses import fields
 
-from lightning_attention.train.trainer import TrainConfig
+from lightning_attention.train.config import NOT_CARRIED_OVER, SMOKE, TrainConfig
 
-_HELP = {
-    "arch": "tnl (TransNormerLLM, lightning attention) or llama (softmax baseline of equal size)",
-    "preset": "model size: smoke | tiny | 40m (see lightning_attention/models/presets.py)",
-    "d_model": "override the preset's width",
-    "n_layers": "override the preset's depth",
-    "n_heads": "override the preset's head count",
-    "ffn_dim": "override the preset's channel-mixer width (TNL glu_dim; LLaMA gets ffn_dim + d/3)",
-    "decay_recipe": "TNL decay slopes: tnl (released checkpoints) | paper (eq. 10)",
-    "attention_variant": "TNL token mixer: tnl | minimax (SiLU on v, weighted RMSNorm, sigmoid gate)",
-    "softmax_attention_every": "TNL hybrid: every N-th layer is softmax attention (MiniMax-01: 8)",
-    "data": "training text: a UTF-8 file, stdlib (Python's library source, ~30 MB), or hf:NAME[:CONFIG] "
-            "(needs `datasets`); default: Python's documentation topics",
-    "text_field": "text column of an hf: dataset",
-    "max_chars": "use only the first N characters of the text",
-    "val_fraction": "fraction of the text (its tail) held out for validation",
-    "context": "tokens (bytes) per training sequence",
-    "batch_size": "sequences per process per step",
-    "steps": "optimizer steps",
-    "lr": "peak learning rate (AdamW)",
-    "min_lr_ratio": "final learning rate as a fraction of --lr (cosine schedule)",
-    "warmup": "linear warmup steps",
-    "weight_decay": "AdamW weight decay of the matrices",
-    "grad_clip": "gradient-norm clip (0: off)",
-    "eval_every": "validation every N steps (and at the end)",
-    "eval_batches": "validation batches per evaluation",
-    "save_every": "checkpoint every N steps (0: only at the end)",
-    "out": "checkpoint directory (default: checkpoints/<arch>, checkpoints/<arch>-smoke with --smoke)",
-    "stop_at": "end this run after step N with a checkpoint (continue later with --resume)",
-    "seed": "seed of the init, the batch order and the RNG",
-    "device": "auto | cpu | cuda",
-    "threads": "CPU threads (1 by default: faster than 2 for the small CPU models when cores are shared)",
-    "dtype": "auto (bf16 autocast on cuda, float32 on cpu) | float32 | bfloat16",
-    "sequence_parallel": "under torchrun: ranks that split each sequence along T (TNL; world = sp x data-parallel)",
-}
-_CHOICES = {"arch": ["tnl", "llama"], "preset": ["smoke", "tiny", "40m"], "decay_recipe": ["tnl", "paper"],
-            "attention_variant": ["tnl", "minimax"], "dtype": ["auto", "float32", "bfloat16", "float16"]}
+SPECIAL = ("resume", "resume_overrides")  # flags with their own syntax, added below the loop
+
+
+def _value_type(f) -> type:
+    """The argparse type of a field: its default's type, or the non-None member of ``X | None``."""
+    default = TrainConfig.default(f.name)
+    if default is not None:
+        return type(default)
+    return next(t for t in typing.get_args(f.type) if t is not type(None))
+
+
+def _shown_default(name: str) -> str:
+    default = TrainConfig.default(name)
+    shown = TrainConfig.__dataclass_fields__[name].metadata["shown"]
+    if shown is None:
+        shown = ("on" if default else "off") if isinstance(default, bool) else str(default)
+    if name in SMOKE and SMOKE[name] != default:
+        shown += f"; {SMOKE[name]} with --smoke"
+    return shown
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    defaults = TrainConfig()
-    for name, help_text in _HELP.items():
-        default = getattr(defaults, name)
-        kind = type(default) if default is not None else (str if name in ("data", "decay_recipe",
-                                                                          "attention_variant") else int)
-        shown = default if name != "out" else None
-        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, default=None,
-                            choices=_CHOICES.get(name), help=f"{help_text} (default: {shown})")
-    parser.add_argument("--smoke", action="store_true", help="CI mode: the smoke preset, a few steps, seconds")
-    parser.add_argument("--resume", action="store_true", help="continue exactly from the checkpoint in --out")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the model")
-    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    for f in fields(TrainConfig):
+        if f.name in SPECIAL:
+            continue
+        help_text = f"{f.metadata['help']} (default: {_shown_default(f.name)})"
+        flag = "--" + f.name.replace("_", "-")
+        kind = _value_type(f)
+        if kind is bool:
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                                help=help_text)
+        else:
+            parser.add_argument(flag, dest=f.name, type=kind, choices=f.metadata["choices"],
+                                default=argparse.SUPPRESS, help=help_text)
+    parser.add_argument("--smoke", action="store_true",
+                        help="CI mode: " + ", ".join(f"{k.replace('_', '-')} {v}" for k, v in SMOKE.items())
+                        + " (seconds on a CPU)")
+    parser.add_argument("--resume", nargs="?", const=True, default=argparse.SUPPRESS, metavar="PATH",
+                        help=TrainConfig.__dataclass_fields__["resume"].metadata["help"]
+                        + "; with PATH, --out defaults to PATH")
+    parser.add_argument("--resume-override", dest="resume_overrides", default=argparse.SUPPRESS, metavar="NAMES",
+                        help=TrainConfig.__dataclass_fields__["resume_overrides"].metadata["help"])
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """Flags given on the command line override the defaults (of ``--smoke`` mode when set)."""
-    given = {name: getattr(args, name) for name in _HELP if getattr(args, name, None) is not None}
-    given.update(resume=args.resume, compile=args.compile, progress=args.progress)
+    """The run's options: flags given on the command line over the defaults (of ``--smoke`` mode when set); when
+    resuming, over the checkpoint's own options instead (a changed one is refused unless in ``--resume-override``).
+
+    Raises :class:`~lightning_attention.train.checkpoint.CheckpointError` when ``--resume`` finds no checkpoint.
+    """
+    names = set(TrainConfig.field_names())
+    given = {name: value for name, value in vars(args).items() if name in names}
+    resume = given.get("resume", False)
     arch = given.get("arch", "tnl")
+    if isinstance(resume, str):
+        given.setdefault("out", resume)
     given.setdefault("out", f"checkpoints/{arch}-smoke" if args.smoke else f"checkpoints/{arch}")
+    if resume:
+        from lightning_attention.train.checkpoint import load_training_state
+
+        source = given["out"] if resume is True else resume
+        saved = load_training_state(source)["options"]
+        base = {k: v for k, v in saved.items() if k in names and k not in NOT_CARRIED_OVER}
+        return TrainConfig(**{**base, **given})
     return TrainConfig.smoke(**given) if args.smoke else TrainConfig(**given)
 
 
 def run(args: argparse.Namespace) -> int:
+    import os
+
     from lightning_attention.train.trainer import train
 
     result = train(config_from_args(args))
     if result.val_losses and os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 reports
-        step, val = result.val_losses[-1]
-        print(f"done: {result.step} steps, final validation loss {val:.4f} nats/byte "
+        (_, val), (_, bpb) = result.val_losses[-1], result.val_bits_per_byte[-1]
+        print(f"done: {result.step} steps, final validation loss {val:.4f} nats/token, {bpb:.4f} bits/byte "
               f"({result.tokens_per_second:,.0f} tokens/s)")
     return 0

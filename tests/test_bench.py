@@ -126,7 +126,7 @@ def test_without_matplotlib_json_then_replot(tmp_path, capsys, monkeypatch):
 
 
 def test_io_bytes_and_floor_match_design():
-    """DESIGN §4: grid (a) at K = V = 128 moves 1.07 GB forward, 2.95 GB fwd+bwd: 0.36 / 0.98 ms at 3.02 TB/s."""
+    """Grid (a) at K = V = 128 moves 1.07 GB forward, 2.95 GB fwd+bwd: 0.36 / 0.98 ms at 3.02 TB/s."""
     fwd, fwdbwd = metrics.attention_io_bytes(GRID_A_128)
     assert fwd == 4 * 65536 * 16 * 128 * 2
     assert fwdbwd == 11 * 65536 * 16 * 128 * 2
@@ -153,7 +153,7 @@ def test_flop_formulas():
 
 
 def test_decode_floor_matches_design():
-    """DESIGN §4 / issue 6: the state-bytes floor is 44 µs at batch 64 and 178 µs at batch 256 (H16, K=V=128)."""
+    """The decode step's state-bytes floor is 44 µs at batch 64 and 178 µs at batch 256 (H16, K=V=128)."""
     for batch, floor_us in ((64, 44), (256, 178)):
         nbytes = metrics.decode_step_bytes(batch, 16, 128, 128, torch.bfloat16)
         assert nbytes >= 2 * batch * 16 * 128 * 128 * 4
@@ -329,3 +329,44 @@ def test_writer_keeps_valid_json_and_helpers(tmp_path):
         "lightning_attention.bench.not_there does not exist yet",
     )
     assert external.numbers({"a": 1, "b": {"c": 2.5, "d": "x"}, "e": True}) == {"a": 1.0, "b.c": 2.5}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="what a CPU-only machine does")
+@pytest.mark.parametrize("bench", ["kernels", "decode", "model", "hybrid"])
+def test_full_grid_on_a_cpu_is_refused_with_a_pointer_to_quick(bench, tmp_path, capsys):
+    assert cli.main(["bench", bench, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"lightning-attention bench {bench} --quick" in err
+    assert not (tmp_path / f"{bench}.json").exists()  # nothing started
+
+
+def test_cpu_throughput_is_not_labelled_per_gpu(tmp_path, capsys):
+    from lightning_attention.bench import model
+
+    records = [{"arch": "tnl", "context": 64, "tokens_per_s": 1234.0, "status": "ok"}]
+    for gpu, unit in ((None, "tokens/s "), ("NVIDIA H100", "tokens/s/GPU")):
+        doc = {"machine": {"gpu": gpu}, "machine_line": "m", "throughput": records, "skipped": []}
+        model.report(doc, tmp_path)
+        table = capsys.readouterr().out
+        assert unit in table
+        assert ("tokens/s/GPU" in table) == (gpu is not None)
+
+
+def test_cpu_timer_is_torch_utils_benchmark(monkeypatch):
+    from torch.utils import benchmark
+
+    from lightning_attention.bench import timing
+
+    used = []
+    real = benchmark.Timer
+
+    def spy(*args, **kwargs):
+        used.append(kwargs.get("num_threads"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(benchmark, "Timer", spy)
+    x = torch.randn(64, 64, requires_grad=True)
+    x.grad = torch.ones_like(x)
+    result = timing.bench(lambda: x @ x, torch.device("cpu"), warmup_ms=1, rep_ms=20, grad_to_none=[x])
+    assert used == [torch.get_num_threads()]  # the caller's threads, not the Timer's default of one
+    assert 0 < result.p20_ms <= result.median_ms <= result.p80_ms and x.grad is None

@@ -34,6 +34,10 @@ BENCHES = {
 }
 
 
+# the flag that sets each benchmark's sizes: without it (or --quick) a CPU run is refused
+SIZE_FLAGS = {"kernels": "--seqlens", "decode": "--batches", "model": "--contexts", "hybrid": "--seqlens"}
+
+
 def _int_list(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(x) for x in text.split(",") if x.strip())
@@ -137,6 +141,12 @@ def run(args: argparse.Namespace) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda but no CUDA GPU is available", file=sys.stderr)
+        return 2
+    sizes = SIZE_FLAGS[args.bench]
+    if device.type == "cpu" and not args.quick and getattr(args, sizes.lstrip("-")) is None:
+        print(f"error: the full {args.bench} grid is sized for a GPU and would run for hours on a CPU; run "
+              f"`lightning-attention bench {args.bench} --quick` (a CPU smoke test), or choose the sizes with "
+              f"{sizes}", file=sys.stderr)
         return 2
     args.baselines = [b for b in args.baselines if b != "none"]
     if args.bench == "kernels" and not args.quick and args.tokens % max(GRID_A_SEQLENS):

@@ -1,4 +1,4 @@
-"""``lightning-attention bench model``: training tokens/s/GPU vs context, TNL vs LLaMA, and their loss curves.
+"""``lightning-attention bench model``: training tokens/s (per GPU) vs context, TNL vs LLaMA, and their loss curves.
 
 Times through ``lightning_attention/bench/model_timing.py`` (written with the TNL model):
 ``time_training_step(arch, context, ...) -> dict`` (tokens/s of fwd + bwd + optimizer step, ≈40M parameters) and a
@@ -89,10 +89,12 @@ def run(args, device: torch.device, writer: ResultWriter, out: pathlib.Path) -> 
 def report(doc: dict, out: pathlib.Path, writer: ResultWriter | None = None) -> list[str]:
     """Table and figures from a model JSON document (a fresh run, or ``--replot`` of a saved one)."""
     throughput = doc.get("throughput", [])
+    per_gpu = bool(doc.get("machine", {}).get("gpu"))  # a CPU run is one process, not one GPU
+    unit = "tokens/s/GPU" if per_gpu else "tokens/s"
     if throughput:
         print(
             format_table(
-                ["arch", "context", "tokens/s/GPU", "status"],
+                ["arch", "context", unit, "status"],
                 [[r["arch"], str(r["context"]), fmt(r.get("tokens_per_s")), r["status"]] for r in throughput],
             )
         )
@@ -123,7 +125,7 @@ def report(doc: dict, out: pathlib.Path, writer: ResultWriter | None = None) -> 
             plots.xy_lines(
                 series,
                 "context length",
-                "training tokens / s / GPU",
+                "training tokens / s / GPU" if per_gpu else "training tokens / s (CPU)",
                 out / "model_throughput.png",
                 "training throughput, TNL vs LLaMA",
                 line,

@@ -1,4 +1,4 @@
-"""Timers and memory probes: ``triton.testing.do_bench`` on CUDA, a wall-clock median on CPU.
+"""Timers and memory probes: ``triton.testing.do_bench`` on CUDA, ``torch.utils.benchmark`` on CPU.
 
 Every timing is a median with its 20th and 80th percentiles, in milliseconds. Memory is measured on CUDA only
 (PyTorch keeps no peak statistics for CPU tensors); CPU runs report it as not measured.
@@ -45,8 +45,9 @@ def bench(
 ) -> Timing:
     """Median time of ``fn()`` with the 20/80 percentiles (gradients of ``grad_to_none`` cleared before each run).
 
-    CUDA: ``triton.testing.do_bench`` (flushes L2 between runs). CPU: one warm-up call, then runs until ``rep_ms``
-    have passed (at least 3, at most 100) — a smoke-test timer, not a measurement to publish.
+    CUDA: ``triton.testing.do_bench`` (flushes L2 between runs). CPU: ``torch.utils.benchmark.Timer``'s
+    ``blocked_autorange`` over ``rep_ms`` with this process's thread count (its percentiles are over blocks of runs)
+    — a smoke-test timer, not a measurement to publish.
     """
     if device.type == "cuda":
         import triton.testing
@@ -55,16 +56,17 @@ def bench(
             fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=grad_to_none, quantiles=[0.5, 0.2, 0.8]
         )
         return Timing(float(q50), float(q20), float(q80))
-    _clear_grads(grad_to_none)
-    fn()
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < 3 or (len(times) < 100 and (time.perf_counter() - start) * 1e3 < rep_ms):
+    from torch.utils import benchmark
+
+    def run() -> None:
         _clear_grads(grad_to_none)
-        t0 = time.perf_counter()
         fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    times.sort()
+
+    run()  # warm-up
+    timer = benchmark.Timer(stmt="run()", globals={"run": run}, num_threads=torch.get_num_threads())
+    times = sorted(t * 1e3 for t in timer.blocked_autorange(min_run_time=rep_ms * 1e-3).times)
+    if len(times) < 2:
+        return Timing(times[0], times[0], times[0])
     q = statistics.quantiles(times, n=10, method="inclusive")  # deciles: q[1] = p20, q[7] = p80
     return Timing(statistics.median(times), q[1], q[7])
 

@@ -65,9 +65,9 @@ def model_from_config(arch: str, config: dict, sequence_parallel_group=None) -> 
     if sequence_parallel_group is not None:
         raise ValueError(f"sequence parallelism needs the lightning-attention arch 'tnl', got {arch!r}")
     if arch == "llama":
-        from lightning_attention.models.llama import LlamaConfig, LlamaForCausalLM
+        from lightning_attention.models.llama import llama_baseline
 
-        return LlamaForCausalLM(LlamaConfig.from_dict(config))
+        return llama_baseline(config)
     raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
 
 

@@ -1,8 +1,8 @@
-"""Causal softmax attention with RoPE (PyTorch SDPA), for the LLaMA baseline and hybrid TNL models.
+"""Causal softmax attention with RoPE (PyTorch SDPA), for hybrid TNL models.
 
 MiniMax-01 interleaves one softmax layer after every 7 lightning layers; ``TransNormerConfig.softmax_attention_every``
-reproduces that, and the LLaMA baseline (``--arch llama``) is made of these layers only. Unlike a lightning layer, this
-layer's cache grows with the sequence (keys and values of every past token).
+reproduces that. Unlike a lightning layer, this layer's cache grows with the sequence (keys and values of every past
+token).
 
 Unpadded, unpacked training takes SDPA's ``is_causal`` path (FlashAttention on a GPU). Padding, packed sequences and
 cached keys use an explicit boolean mask; every query may always attend to itself, so no row of the mask is empty
@@ -64,7 +64,8 @@ class SoftmaxAttention(nn.Module):
         """Args:
             x: ``[B, T, d_model]``; positions: ``[B, T]`` RoPE positions (default ``arange(T)``).
             key_mask: ``[B, S]`` bool over all keys (cached then new; S = past + T), False at padding; or ``None``.
-            cache: reads and appends ``cache.keys/values[layer_idx]`` (``[B, S, H, D]``).
+            cache: a transformers ``Cache``; this layer appends its keys and values (``[B, H, S, D]``) with
+                ``cache.update(k, v, layer_idx)``.
             cu_seqlens: ``[N + 1]`` offsets of packed sequences (B == 1, no cache): attention stays inside each.
             token_mask: ignored (padding reaches this layer through ``key_mask``, which also covers cached keys).
         """
@@ -75,14 +76,11 @@ class SoftmaxAttention(nn.Module):
         q = apply_rotary(self.q_proj(x).view(B, T, H, D), positions, self.rotary_dim, self.rope_base)
         k = apply_rotary(self.k_proj(x).view(B, T, H, D), positions, self.rotary_dim, self.rope_base)
         v = self.v_proj(x).view(B, T, H, D)
+        qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, T, D]
         past = 0
         if cache is not None:
-            if cache.keys[self.layer_idx] is not None:
-                past = cache.keys[self.layer_idx].shape[1]
-                k = torch.cat([cache.keys[self.layer_idx], k], dim=1)
-                v = torch.cat([cache.values[self.layer_idx], v], dim=1)
-            cache.keys[self.layer_idx], cache.values[self.layer_idx] = k, v
-        qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, T|S, D]
+            past = cache.layers[self.layer_idx].get_seq_length()
+            kh, vh = cache.update(kh, vh, self.layer_idx)  # [B, H, past + T, D]
         if past == 0 and key_mask is None and cu_seqlens is None:
             o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
         else:

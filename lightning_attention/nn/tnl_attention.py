@@ -161,7 +161,8 @@ class TNLAttention(nn.Module):
                 sequence, so each sequence may count from its own origin.
             token_mask: ``[B, T]`` bool, False at padded positions, or ``None`` (no padding).
             cache: a :class:`~lightning_attention.models.transnormer.cache.TransNormerCache`; this layer reads and
-                writes ``cache.states[layer_idx]`` (``[N, H, K, V]`` float32).
+                writes its recurrent state ``[N, H, K, V]`` float32 (``get_recurrent_state`` /
+                ``update_recurrent_state``).
             cu_seqlens: ``[N + 1]`` offsets of sequences packed along T (B == 1); each starts from its own state.
             key_mask: ignored (the softmax layers' key mask; a lightning state already excludes padding).
 
@@ -176,7 +177,7 @@ class TNLAttention(nn.Module):
 
     def _attend(self, q, k, v, token_mask, cache, cu_seqlens) -> torch.Tensor:
         slope = self.slope
-        state = None if cache is None else cache.states[self.layer_idx]
+        state = None if cache is None else cache.get_recurrent_state(self.layer_idx)
         if self.sequence_parallel_group is not None:
             if cu_seqlens is not None or token_mask is not None:
                 raise ValueError("sequence parallelism takes unpadded, unpacked sequences (no token_mask/cu_seqlens)")
@@ -204,7 +205,7 @@ class TNLAttention(nn.Module):
                 q, k, v, slope, initial_state=state, output_final_state=cache is not None, cu_seqlens=cu_seqlens
             )
         if cache is not None:
-            cache.states[self.layer_idx] = final
+            cache.update_recurrent_state(final, self.layer_idx)
         return o
 
     @staticmethod

@@ -6,7 +6,7 @@ Sources (:func:`load_text`):
 - ``stdlib``: the source of Python's standard library (every ``*.py`` under ``sysconfig``'s stdlib path, sorted; about
   30 MB) — a larger offline corpus for model comparisons on machines that cannot download one;
 - a path to a UTF-8 text file;
-- ``hf:NAME[:CONFIG]``: a Hugging Face dataset (needs the ``datasets`` package, not a dependency of this library).
+- ``hf:NAME[:CONFIG]``: a Hugging Face dataset (the ``datasets`` package: ``pip install 'lightning-attention[data]'``).
 
 Batches are non-overlapping windows of ``context + 1`` tokens. Each epoch visits the windows of the training split
 in a random order drawn from ``seed + epoch``; the loader's whole state is ``(epoch, index)``, so a resumed run
@@ -17,6 +17,8 @@ global batch.
 from dataclasses import dataclass
 
 import torch
+
+from lightning_attention.train.errors import UserError
 
 
 def load_text(source: str | None = None, *, text_field: str = "text", split: str = "train",
@@ -38,8 +40,9 @@ def load_text(source: str | None = None, *, text_field: str = "text", split: str
     elif source.startswith("hf:"):
         try:
             import datasets
-        except ImportError as e:
-            raise ImportError("hf:NAME datasets need the `datasets` package: pip install datasets") from e
+        except ImportError:
+            raise UserError("--data hf:NAME needs the `datasets` package: "
+                            "pip install 'lightning-attention[data]'") from None
         name, _, config = source[3:].partition(":")
         ds = datasets.load_dataset(name, config or None, split=split, streaming=True)
         parts, total = [], 0
@@ -50,21 +53,33 @@ def load_text(source: str | None = None, *, text_field: str = "text", split: str
                 break
         text = "\n\n".join(parts)
     else:
-        with open(source, encoding="utf-8") as f:
-            text = f.read()
+        try:
+            with open(source, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise UserError(f"--data {source}: {e.strerror or e} (give a UTF-8 text file, stdlib or hf:NAME)") from None
     if max_chars is not None:
         text = text[:max_chars]
     if not text:
-        raise ValueError(f"the training text from {source or 'pydoc_data.topics'} is empty")
+        raise UserError(f"the training text from {source or 'pydoc_data.topics'} is empty")
     return text
 
 
-def split_tokens(tokens: torch.Tensor, val_fraction: float, context: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Splits ``tokens [N]`` into (train, validation); validation is the tail, at least one window long."""
-    n_val = max(int(len(tokens) * val_fraction), context + 1)
-    if len(tokens) - n_val < context + 1:
-        raise ValueError(f"text too short: {len(tokens)} tokens for context {context} plus a validation split")
-    return tokens[:-n_val], tokens[-n_val:]
+def split_text(text: str, val_fraction: float) -> tuple[str, str]:
+    """Splits ``text`` into (train, validation) characters; validation is the tail (a tokenizer trained on the
+    training part never sees it)."""
+    if not 0 < val_fraction < 1:
+        raise UserError(f"--val-fraction must be in (0, 1), got {val_fraction}")
+    n_val = max(1, int(len(text) * val_fraction))
+    return text[:-n_val], text[-n_val:]
+
+
+def check_split(train_tokens, val_tokens, context: int) -> None:
+    """Both splits must hold at least one window of ``context + 1`` tokens."""
+    if len(train_tokens) < context + 1 or len(val_tokens) < context + 1:
+        raise UserError(f"text too short: {len(train_tokens)} training and {len(val_tokens)} validation tokens "
+                         f"for windows of context {context} + 1 (use more text, a shorter --context or another "
+                         f"--val-fraction)")
 
 
 @dataclass

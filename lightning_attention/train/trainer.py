@@ -4,102 +4,45 @@ One code path for every device: on a CPU the lightning layers run the PyTorch ch
 (with bf16 autocast); under ``torchrun`` the model is wrapped in DistributedDataParallel and every rank reads its own
 slice of each global batch; with ``sequence_parallel = N`` every group of N consecutive ranks shares one batch and
 splits its sequences along T (lightning layers run :func:`lightning_attention.distributed.lightning_attn_sp`), the
-groups themselves being data parallel. Loss is next-byte cross entropy in nats; validation loss is measured on a fixed tail of
-the text every ``eval_every`` steps and at the end. A checkpoint (see :mod:`lightning_attention.train.checkpoint`)
-is written every ``save_every`` steps and at the end; ``resume=True`` continues from it bit for bit (same batches,
-same RNG, same optimizer state, same learning-rate schedule).
+groups themselves being data parallel. The loss is next-token cross entropy in nats; validation (a fixed tail of the
+text, every ``eval_every`` steps and at the end) also reports bits per byte, which compares runs with different
+tokenizers. The learning rate follows transformers' cosine schedule with warmup and a floor.
+
+A checkpoint (a transformers folder plus the training state, see :mod:`lightning_attention.train.checkpoint`) is
+written every ``save_every`` steps and at the end; ``resume`` continues from it bit for bit (same batches, RNG,
+optimizer state and schedule), refusing options that differ from the run's own (see ``train/config.py``).
 """
 
 import contextlib
 import math
-import os
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
+from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
 from lightning_attention.models.presets import model_config, model_from_config, parameter_count
 from lightning_attention.train import checkpoint as ckpt_io
 from lightning_attention.train import distributed as dist_utils
-from lightning_attention.train.data import WindowLoader, load_text, split_tokens, validation_batches
-from lightning_attention.train.tokenizer import ByteTokenizer
+from lightning_attention.train.config import TrainConfig, changed_on_resume
+from lightning_attention.train.data import WindowLoader, check_split, load_text, split_text, validation_batches
+from lightning_attention.train.errors import UserError
+from lightning_attention.train.tokenizer import encode_corpus, resolve_tokenizer, token_byte_lengths
 
-
-@dataclass
-class TrainConfig:
-    """Options of a training run (the CLI flags of ``lightning-attention train`` map one to one onto these)."""
-
-    arch: str = "tnl"  # "tnl" (TransNormerLLM on lightning attention) or "llama" (softmax baseline, equal size)
-    preset: str = "tiny"  # model size, see lightning_attention.models.presets
-    d_model: int | None = None  # size overrides of the preset
-    n_layers: int | None = None
-    n_heads: int | None = None
-    ffn_dim: int | None = None
-    decay_recipe: str | None = None  # TNL only: "tnl" | "paper"
-    attention_variant: str | None = None  # TNL only: "tnl" | "minimax"
-    softmax_attention_every: int | None = None  # TNL only: hybrid, one softmax layer every N
-    data: str | None = None  # None: Python's documentation (pydoc_data.topics); a text file; or hf:NAME[:CONFIG]
-    text_field: str = "text"  # column of an hf: dataset
-    max_chars: int | None = None  # truncate the text
-    val_fraction: float = 0.05
-    context: int = 128
-    batch_size: int = 16  # sequences per rank per step
-    steps: int = 400
-    lr: float = 3e-3
-    min_lr_ratio: float = 0.1  # cosine decay to lr · min_lr_ratio
-    warmup: int = 20
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    eval_every: int = 100
-    eval_batches: int = 8
-    save_every: int = 0  # 0: only at the end
-    stop_at: int | None = None  # end this run (with a checkpoint) after this step; --resume continues (time slices)
-    out: str = "checkpoints/tnl"
-    resume: bool = False
-    seed: int = 1234
-    device: str = "auto"  # "auto": cuda if available, else cpu
-    dtype: str = "auto"  # "auto": bf16 autocast on cuda, float32 on cpu; or "float32" / "bfloat16"
-    compile: bool = False
-    progress: bool = True
-    # CPU intra-op threads during the run (None: torch's default). One by default: the small models trained on a
-    # CPU gain little from a second thread, and OpenMP's spin-waiting made 2 threads 10-25x slower per step than 1
-    # on the shared 2-core CI machine (0.18 s vs 2-4.7 s per step of the tiny preset, measured side by side).
-    threads: int | None = 1
-    # Under torchrun: ranks per sequence-parallel group (TNL without softmax layers). The world size must be a
-    # multiple; world / sequence_parallel groups then train data parallel.
-    sequence_parallel: int = 1
-
-    @classmethod
-    def smoke(cls, **overrides) -> "TrainConfig":
-        """A CI-sized run: the smoke preset, a few steps of a few short sequences, seconds on a CPU."""
-        base = dict(preset="smoke", steps=6, context=64, batch_size=4, eval_every=3, eval_batches=2, warmup=2,
-                    max_chars=60_000)
-        base.update(overrides)
-        return cls(**base)
-
-    @classmethod
-    def field_names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
+STATE_VERSION = 2
 
 
 @dataclass
 class TrainResult:
     step: int
     train_losses: list[float] = field(default_factory=list)  # one per step, from step 0
-    val_losses: list[tuple[int, float]] = field(default_factory=list)  # (step, loss)
+    val_losses: list[tuple[int, float]] = field(default_factory=list)  # (step, nats per token)
+    val_bits_per_byte: list[tuple[int, float]] = field(default_factory=list)  # (step, bits per UTF-8 byte)
     tokens_per_second: float = 0.0
     parameters: int = 0
     checkpoint: str | None = None
-
-
-def learning_rate(cfg: TrainConfig, step: int) -> float:
-    """Linear warmup for ``warmup`` steps, then cosine from ``lr`` to ``lr · min_lr_ratio`` at ``steps``."""
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
 def _device(cfg: TrainConfig, info: dist_utils.DistInfo) -> torch.device:
@@ -150,20 +93,38 @@ def lm_loss(model, batch: torch.Tensor, sp_group=None) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate(model, batches, device, autocast, info, sp_group=None) -> float:
-    """Token-weighted mean validation loss over this rank's batches, summed over ranks."""
+def evaluate(model, batches, device, autocast, info, byte_lengths: torch.Tensor, sp_group=None) -> tuple[float, float]:
+    """``(nats per token, bits per byte)`` of the validation batches of every rank.
+
+    Token-weighted over all ranks. Bits per byte divide the summed loss by ``ln 2`` times the UTF-8 bytes the target
+    tokens stand for (``byte_lengths [vocab]``): with the byte tokenizer it is nats / ln 2, with a BPE the measure that
+    compares across vocabularies.
+    """
     was_training = model.training
     model.eval()
-    totals = torch.zeros(2, dtype=torch.float64, device=device)
+    totals = torch.zeros(3, dtype=torch.float64, device=device)
+    sp = 1 if sp_group is None else torch.distributed.get_world_size(sp_group)
     for batch in batches:
         batch = batch.to(device)
         with autocast:
             loss = lm_loss(model, batch, sp_group)
-        n = batch[:, 1:].numel() / (1 if sp_group is None else torch.distributed.get_world_size(sp_group))
-        totals += torch.tensor([loss.item() * n, n], dtype=torch.float64, device=device)
+        # every rank of a sequence-parallel group holds the whole batch and a 1/sp share of its tokens
+        n = batch[:, 1:].numel() / sp
+        n_bytes = float(byte_lengths[batch[:, 1:].cpu()].sum()) / sp
+        totals += torch.tensor([loss.item() * n, n, n_bytes], dtype=torch.float64, device=device)
     dist_utils.all_reduce_sum(totals, info)
     model.train(was_training)
-    return float(totals[0] / totals[1])
+    return float(totals[0] / totals[1]), float(totals[0] / (math.log(2) * totals[2]))
+
+
+def enable_activation_checkpointing(model) -> None:
+    """Recompute every block in the backward pass: transformers' ``activation_checkpointing_enable`` (5.x) or
+    ``gradient_checkpointing_enable`` (4.x), with PyTorch's non-reentrant checkpoint."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def train(cfg: TrainConfig) -> TrainResult:
@@ -186,46 +147,94 @@ def _sequence_parallel(cfg: TrainConfig, info: dist_utils.DistInfo):
     if sp == 1:
         return None, info.rank, info.world_size
     if cfg.arch != "tnl" or cfg.softmax_attention_every:
-        raise ValueError("--sequence-parallel needs --arch tnl without softmax layers (--softmax-attention-every)")
+        raise UserError("--sequence-parallel needs --arch tnl without softmax layers (--softmax-attention-every)")
     if sp < 1 or info.world_size % sp != 0:
-        raise ValueError(f"--sequence-parallel must divide the number of processes {info.world_size}, got {sp}")
+        raise UserError(f"--sequence-parallel must divide the number of processes {info.world_size}, got {sp}")
     from lightning_attention.distributed import init_sequence_parallel
 
     sp_group, _ = init_sequence_parallel(sp)
     return sp_group, info.rank // sp, info.world_size // sp
 
 
+def _resume_source(cfg: TrainConfig) -> str | None:
+    """The checkpoint folder to resume from (``None`` for a fresh run)."""
+    if cfg.resume is False or cfg.resume is None:
+        return None
+    return cfg.out if cfg.resume is True else str(cfg.resume)
+
+
+def _load_resume_state(cfg: TrainConfig, source: str) -> dict:
+    """The verified training state of ``source``; refuses options that differ from the run's own."""
+    state = ckpt_io.load_training_state(source)
+    if state.get("format_version") != STATE_VERSION:
+        raise ckpt_io.CheckpointError(f"checkpoint {source}: training state version {state.get('format_version')}, "
+                                      f"expected {STATE_VERSION}")
+    changed = changed_on_resume(state["options"], cfg)
+    if changed:
+        names = ",".join(line.split(":")[0] for line in changed)
+        raise UserError(f"--resume from {source} with options that differ from the run's own: {'; '.join(changed)}. "
+                        f"Leave them off the command line to continue the run as it was, or accept the change with "
+                        f"--resume-override {names}")
+    return state
+
+
+def _tokenizer(cfg: TrainConfig, source: str | None, train_text: str, info: dist_utils.DistInfo):
+    """The run's tokenizer: the checkpoint's when resuming; a BPE is trained on rank 0 and sent to the others."""
+    from transformers import AutoTokenizer
+
+    if source is not None:
+        return AutoTokenizer.from_pretrained(source)
+    if cfg.tokenizer != "bpe" or not info.enabled:
+        return resolve_tokenizer(cfg.tokenizer, train_text=train_text, vocab_size=cfg.vocab_size)
+    from tokenizers import Tokenizer
+
+    from lightning_attention.train.tokenizer import wrap_tokenizer
+
+    payload = [resolve_tokenizer("bpe", train_text=train_text, vocab_size=cfg.vocab_size).backend_tokenizer.to_str()
+               if info.is_main else None]
+    torch.distributed.broadcast_object_list(payload, src=0)
+    return wrap_tokenizer(Tokenizer.from_str(payload[0]))
+
+
 def _train(cfg: TrainConfig, info: dist_utils.DistInfo) -> TrainResult:
     device = _device(cfg, info)
+    source = _resume_source(cfg)
+    state = _load_resume_state(cfg, source) if source is not None else None
     torch.manual_seed(cfg.seed)
-    tokenizer = ByteTokenizer()
-    text = load_text(cfg.data, text_field=cfg.text_field, max_chars=cfg.max_chars)
-    tokens = tokenizer.encode_tensor(text)  # uint8: one byte of memory per token
-    train_tokens, val_tokens = split_tokens(tokens, cfg.val_fraction, cfg.context)
+    train_text, val_text = split_text(load_text(cfg.data, text_field=cfg.text_field, max_chars=cfg.max_chars),
+                                      cfg.val_fraction)
+    tokenizer = _tokenizer(cfg, source, train_text, info)
+    train_tokens, val_tokens = encode_corpus(tokenizer, train_text), encode_corpus(tokenizer, val_text)
+    check_split(train_tokens, val_tokens, cfg.context)
+    byte_lengths = token_byte_lengths(tokenizer)
     sp_group, dp_rank, dp_world = _sequence_parallel(cfg, info)
     loader = WindowLoader(train_tokens, cfg.context, cfg.batch_size, cfg.seed, dp_rank, dp_world)
     val_sets = validation_batches(val_tokens, cfg.context, cfg.batch_size, cfg.eval_batches, dp_rank, dp_world)
 
     arch_options = dict(decay_recipe=cfg.decay_recipe, attention_variant=cfg.attention_variant,
                         softmax_attention_every=cfg.softmax_attention_every) if cfg.arch == "tnl" else {}
-    mconf = model_config(cfg.arch, cfg.preset, tokenizer.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers,
+    mconf = model_config(cfg.arch, cfg.preset, len(tokenizer), d_model=cfg.d_model, n_layers=cfg.n_layers,
                          n_heads=cfg.n_heads, ffn_dim=cfg.ffn_dim, **arch_options)
     model = model_from_config(cfg.arch, mconf, sequence_parallel_group=sp_group).to(device)
-    model_config_saved = model.config.to_dict()
     optimizer = _optimizer(model, cfg)
+    scheduler = get_cosine_with_min_lr_schedule_with_warmup(optimizer, num_warmup_steps=cfg.warmup,
+                                                            num_training_steps=cfg.steps, min_lr_rate=cfg.min_lr_ratio)
     result = TrainResult(step=0, parameters=parameter_count(model))
 
-    if cfg.resume and os.path.isfile(ckpt_io.checkpoint_path(cfg.out)):
-        state = ckpt_io.load_checkpoint(cfg.out)
-        if state["arch"] != cfg.arch or state["model_config"] != model_config_saved:
-            raise ValueError(f"{cfg.out}: the checkpoint's model does not match the requested one")
-        model.load_state_dict(state["model"])
+    if state is not None:
+        ckpt_io.load_weights(model, source)
+        model.to(device)
         optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
         loader.load_state_dict(state["loader"])
         ckpt_io.set_rng_state(state["rng"])
         result.step = state["step"]
-        result.train_losses = list(state["history"]["train"])
-        result.val_losses = [tuple(x) for x in state["history"]["val"]]
+        history = state["history"]
+        result.train_losses = list(history["train"])
+        result.val_losses = [tuple(x) for x in history["val"]]
+        result.val_bits_per_byte = [tuple(x) for x in history["val_bits_per_byte"]]
+    if cfg.gradient_checkpointing:
+        enable_activation_checkpointing(model)
 
     net = model
     if info.enabled:
@@ -239,12 +248,14 @@ def _train(cfg: TrainConfig, info: dist_utils.DistInfo) -> TrainResult:
     def save() -> str | None:
         path = None
         if info.is_main:
-            path = ckpt_io.save_checkpoint(
-                cfg.out, arch=cfg.arch, model_config=model_config_saved, model=model.state_dict(),
-                optimizer=optimizer.state_dict(), step=result.step, loader=loader.state_dict(),
-                rng=ckpt_io.rng_state(), train_config=asdict(cfg), tokenizer=tokenizer.name,
-                history={"train": result.train_losses, "val": result.val_losses},
-            )
+            training_state = {
+                "format_version": STATE_VERSION, "step": result.step, "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(), "loader": loader.state_dict(), "rng": ckpt_io.rng_state(),
+                "options": cfg.options(),
+                "history": {"train": result.train_losses, "val": result.val_losses,
+                            "val_bits_per_byte": result.val_bits_per_byte},
+            }
+            path = ckpt_io.save_checkpoint(cfg.out, model, tokenizer, training_state, result.step)
         dist_utils.barrier(info)
         return path
 
@@ -252,7 +263,8 @@ def _train(cfg: TrainConfig, info: dist_utils.DistInfo) -> TrainResult:
     if info.is_main:
         say(f"{cfg.arch}: {result.parameters / 1e6:.2f}M parameters on {device} "
             f"({info.world_size} process{'es' if info.world_size > 1 else ''}), {len(train_tokens):,} training "
-            f"tokens, context {cfg.context}, batch {cfg.batch_size * dp_world}"
+            f"tokens ({cfg.tokenizer if source is None else 'checkpoint'} tokenizer, {len(tokenizer)} ids), "
+            f"context {cfg.context}, batch {cfg.batch_size * dp_world}"
             f"{f', sequence parallel over {cfg.sequence_parallel} ranks' if sp_group is not None else ''}, "
             f"steps {result.step}->{cfg.steps}")
     bar = tqdm(total=cfg.steps, initial=result.step, disable=not (cfg.progress and info.is_main), desc="train",
@@ -261,9 +273,7 @@ def _train(cfg: TrainConfig, info: dist_utils.DistInfo) -> TrainResult:
     start, tokens_seen = time.perf_counter(), 0
     end = cfg.steps if cfg.stop_at is None else min(cfg.stop_at, cfg.steps)
     while result.step < end:
-        step = result.step
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(cfg, step)
+        lr = scheduler.get_last_lr()[0]
         batch = loader.next_batch().to(device, non_blocking=True)
         with autocast:
             loss = lm_loss(net, batch, sp_group)
@@ -272,6 +282,7 @@ def _train(cfg: TrainConfig, info: dist_utils.DistInfo) -> TrainResult:
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
+        scheduler.step()
         loss_value = float(loss.detach())  # the only host sync of a step
         if info.enabled:
             loss_value = float(dist_utils.all_reduce_sum(loss.detach().clone(), info)) / info.world_size
@@ -279,13 +290,15 @@ def _train(cfg: TrainConfig, info: dist_utils.DistInfo) -> TrainResult:
         result.step += 1
         tokens_seen += batch[:, 1:].numel() * dp_world
         bar.update(1)
-        bar.set_postfix(loss=f"{loss_value:.3f}", lr=f"{learning_rate(cfg, step):.2e}")
+        bar.set_postfix(loss=f"{loss_value:.3f}", lr=f"{lr:.2e}")
         last = result.step == end
         if (cfg.eval_every and result.step % cfg.eval_every == 0) or last:
-            val = evaluate(net, val_sets, device, autocast, info, sp_group)
+            val, bpb = evaluate(net, val_sets, device, autocast, info, byte_lengths, sp_group)
             result.val_losses.append((result.step, val))
+            result.val_bits_per_byte.append((result.step, bpb))
             if info.is_main:
-                say(f"step {result.step}: train loss {loss_value:.4f}, val loss {val:.4f}")
+                say(f"step {result.step}: train loss {loss_value:.4f}, val loss {val:.4f} nats/token "
+                    f"({bpb:.4f} bits/byte)")
         if (cfg.save_every and result.step % cfg.save_every == 0) or last:
             result.checkpoint = save()
     bar.close()

@@ -9,6 +9,8 @@ import sys
 import pytest
 import torch
 
+from lightning_attention.train.checkpoint import load_training_state
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -17,7 +19,7 @@ def _free_port() -> int:
 
 
 def _history(out_dir) -> dict:
-    return torch.load(os.path.join(out_dir, "checkpoint.pt"), map_location="cpu", weights_only=False)["history"]
+    return load_training_state(str(out_dir))["history"]
 
 
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun is not on PATH")

@@ -2,7 +2,7 @@
 
 import torch
 
-from lightning_attention.models.llama import LlamaConfig, LlamaForCausalLM
+from lightning_attention.models.llama import LlamaForCausalLM, llama_baseline
 from lightning_attention.models.transnormer import TransNormerConfig, TransNormerForCausalLM
 
 VARIANTS = {
@@ -24,8 +24,8 @@ def tiny_tnl(dtype=torch.float64, seed=0, **overrides) -> TransNormerForCausalLM
 
 def tiny_llama(dtype=torch.float64, seed=0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    config = LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
-    return LlamaForCausalLM(config).to(dtype).eval()
+    config = dict(vocab_size=256, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+    return llama_baseline(config).to(dtype).eval()
 
 
 def left_pad(seqs: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,4 +1,5 @@
-"""TransNormerLLM model: cached generation == full forward, padding, packing, HF round trip, compile, autocast."""
+"""TransNormerLLM model: cached decoding == full forward, padding, packing, HF round trip, compile, autocast
+(transformers' generate() on the cache: test_generation.py)."""
 
 import pytest
 import torch
@@ -6,6 +7,7 @@ import torch
 from lightning_attention import tnl_slopes
 from lightning_attention.models.transnormer import (
     TransNormerCache,
+    cache_of,
     TransNormerConfig,
     TransNormerForCausalLM,
     TransNormerModel,
@@ -17,9 +19,9 @@ from tests.models.helpers import VARIANTS, left_pad, tiny_tnl
 def step_by_step(model, ids: torch.Tensor, prefill: int, **kwargs) -> torch.Tensor:
     """Logits of ``ids [B, T]``: the first ``prefill`` tokens in one call, then one token per call."""
     out = model(ids[:, :prefill], use_cache=True, **kwargs)
-    cache, logits = out.past_key_values, [out.logits]
+    cache, logits = cache_of(out), [out.logits]
     for t in range(prefill, ids.shape[1]):
-        logits.append(model(ids[:, t : t + 1], past_key_values=cache, use_cache=True).logits)
+        logits.append(model(ids[:, t : t + 1], cache=cache, use_cache=True).logits)
     return torch.cat(logits, dim=1)
 
 
@@ -38,7 +40,7 @@ def test_float32_decode_against_float64_forward():
     ids = torch.randint(1, 256, (2, 20))
     ref = model64(ids, use_cache=False).logits
     out = model32(ids[:, :7], use_cache=True)
-    cache = out.past_key_values
+    cache = cache_of(out)
     assert all(s.dtype == torch.float32 for s in cache.states)
     assert cache.states[0].shape == (2, 2, 32, 16)  # LRPE layer: K = 2 · head_dim
     assert cache.states[1].shape == (2, 2, 16, 16)
@@ -52,12 +54,12 @@ def test_left_padded_batch_equals_sequences_alone(variant):
     seqs = [torch.randint(1, 256, (n,)).tolist() for n in (7, 4, 1)]
     ids, mask = left_pad(seqs)
     out = model(ids, attention_mask=mask, use_cache=True)
-    cache = out.past_key_values
+    cache = cache_of(out)
     nxt = torch.randint(1, 256, (3, 3))
     steps = []
     for t in range(3):
         mask = torch.cat([mask, torch.ones(3, 1, dtype=mask.dtype)], dim=1)
-        steps.append(model(nxt[:, t : t + 1], attention_mask=mask, past_key_values=cache, use_cache=True).logits)
+        steps.append(model(nxt[:, t : t + 1], attention_mask=mask, cache=cache, use_cache=True).logits)
     steps = torch.cat(steps, dim=1)
     for b, seq in enumerate(seqs):
         alone = torch.tensor([seq + nxt[b].tolist()])
@@ -72,11 +74,11 @@ def test_padding_after_a_cached_prefix_is_exact():
     model = tiny_tnl()
     prefix = torch.randint(1, 256, (2, 3))
     chunk = torch.randint(1, 256, (2, 4))
-    cache = model(prefix, use_cache=True).past_key_values
+    cache = cache_of(model(prefix, use_cache=True))
     mask = torch.tensor([[1, 1, 1, 0, 0, 1, 1], [1, 1, 1, 1, 1, 1, 1]])
-    out = model(chunk, attention_mask=mask, past_key_values=cache, use_cache=True)
+    out = model(chunk, attention_mask=mask, cache=cache, use_cache=True)
     follow = torch.randint(1, 256, (2, 1))
-    last = model(follow, past_key_values=cache, use_cache=True).logits
+    last = model(follow, cache=cache, use_cache=True).logits
     alone0 = torch.cat([prefix[0], chunk[0, 2:], follow[0]])[None]
     ref0 = model(alone0, use_cache=False).logits[0]
     assert_close("real tokens after padding", out.logits[0, 2:], ref0[3:5], torch.float64)
@@ -123,33 +125,14 @@ def test_hf_round_trip(tmp_path):
     assert torch.equal(model(ids).logits, loaded(ids).logits)
 
 
-def test_generate_greedy_beam_and_left_padding():
-    model = tiny_tnl(torch.float64)
-    ids = torch.randint(1, 256, (2, 6))
-    greedy = model.generate(ids, max_new_tokens=6, do_sample=False)
-    manual = ids
-    for _ in range(6):
-        nxt = model(manual, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
-        manual = torch.cat([manual, nxt], dim=1)
-    assert torch.equal(greedy, manual)
-    beams = model.generate(ids, max_new_tokens=5, do_sample=False, num_beams=3)
-    beams_no_cache = model.generate(ids, max_new_tokens=5, do_sample=False, num_beams=3, use_cache=False)
-    assert torch.equal(beams, beams_no_cache)
-    padded, mask = left_pad([ids[0].tolist(), ids[1, 3:].tolist()])
-    out = model.generate(padded, attention_mask=mask, max_new_tokens=4, do_sample=False)
-    alone = model.generate(ids[1:, 3:], max_new_tokens=4, do_sample=False)
-    assert torch.equal(out[1, -4:], alone[0, -4:])
-    assert torch.equal(out[0, -4:], greedy[0, 6:10])
-
-
 def test_cache_batch_select_and_repeat():
     model = tiny_tnl(**VARIANTS["hybrid"])
     ids = torch.randint(1, 256, (2, 5))
-    cache = model(ids, use_cache=True).past_key_values
+    cache = cache_of(model(ids, use_cache=True))
     cache.batch_repeat_interleave(2)  # rows: 0, 0, 1, 1
     cache.reorder_cache(torch.tensor([3, 0]))  # rows: 1, 0
     nxt = torch.randint(1, 256, (2, 1))
-    logits = model(nxt, past_key_values=cache, use_cache=True).logits
+    logits = model(nxt, cache=cache, use_cache=True).logits
     ref = model(torch.cat([ids[[1, 0]], nxt], dim=1), use_cache=False).logits[:, -1:]
     assert_close("after select/repeat", logits, ref, torch.float64)
     assert cache.get_seq_length() == 6 and len(cache) == 2
@@ -157,10 +140,10 @@ def test_cache_batch_select_and_repeat():
 
 def test_generation_memory_is_constant():
     model = tiny_tnl(torch.float32)
-    cache = model(torch.randint(1, 256, (1, 4)), use_cache=True).past_key_values
+    cache = cache_of(model(torch.randint(1, 256, (1, 4)), use_cache=True))
     before = cache.memory_bytes()
     for _ in range(20):
-        model(torch.randint(1, 256, (1, 1)), past_key_values=cache, use_cache=True)
+        model(torch.randint(1, 256, (1, 1)), cache=cache, use_cache=True)
     assert cache.memory_bytes() == before
     assert isinstance(cache, TransNormerCache) and cache.positions.tolist() == [24]
 
@@ -183,7 +166,7 @@ def test_autocast_bf16_against_float64():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = model32(ids, use_cache=True)
     assert out.logits.dtype == torch.bfloat16
-    assert all(s.dtype == torch.float32 for s in out.past_key_values.states)  # the state never goes to bf16
+    assert all(s.dtype == torch.float32 for s in cache_of(out).states)  # the state never goes to bf16
     # a whole model in bf16 (every matmul rounded) is held to 4x the single-op bf16 tolerance
     assert_close("autocast bf16 logits", out.logits, model64(ids, use_cache=False).logits, 2e-2)
 

@@ -13,14 +13,42 @@ from lightning_attention.ops.lightning import naive
 from lightning_attention.utils.testing import assert_close
 
 
+def released_srmsnorm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """The released TNL SimpleRMSNorm as written there: statistic in float32, eps inside the root, no weight."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
 def test_srmsnorm_formula_and_zero_rows():
     x = torch.randn(3, 5, 40, dtype=torch.float64)
     x[1, 2] = 0
     y = SRMSNorm(40, eps=1e-6)(x)
     ref = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
-    assert_close("srmsnorm", y, ref, 1e-6)  # statistic computed in float32 by design
+    assert_close("srmsnorm", y, ref, torch.float64)
     assert bool((y[1, 2] == 0).all())  # an all-zero (padded) row stays finite
     assert list(SRMSNorm(8).parameters()) == [] and len(list(RMSNorm(8).parameters())) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_norms_match_the_released_computation(dtype):
+    """torch's rms_norm kernel gives the released code's float32-statistic result, bit for bit in 16-bit dtypes."""
+    x = (torch.randn(4, 7, 1024, dtype=torch.float64) * 3).to(dtype)
+    x[0, 0] = 0
+    y = SRMSNorm(1024, eps=1e-6)(x)
+    assert y.dtype == dtype
+    ref = x.double() / torch.sqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6)
+    assert_close("srmsnorm vs float64", y, ref, dtype)
+    if dtype != torch.float32:
+        assert torch.equal(y, released_srmsnorm(x))
+    else:
+        assert_close("srmsnorm vs released", y, released_srmsnorm(x), torch.float32)
+    norm = RMSNorm(1024, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.normal_()
+    weighted = norm(x)  # float32 weight, 16-bit input: the autocast situation
+    assert weighted.dtype == dtype
+    expected = (norm.weight.float() * released_srmsnorm(x.float())).to(dtype)
+    assert_close("rmsnorm vs released", weighted, expected, torch.float32)
 
 
 def test_lrpe_is_relative():

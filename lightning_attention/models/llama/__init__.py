@@ -1,5 +1,43 @@
-"""LLaMA-style softmax-attention baseline (PyTorch SDPA, RoPE, SwiGLU) for ``--arch llama``."""
+"""The LLaMA softmax-attention baseline of ``lightning-attention train --arch llama``: transformers' own
+``LlamaForCausalLM`` (SDPA, RoPE, SwiGLU, RMSNorm, untied head), initialised by the same rule as TNL.
 
-from lightning_attention.models.llama.model import LlamaConfig, LlamaForCausalLM
+Being transformers' model, its checkpoint folder loads anywhere with ``AutoModelForCausalLM.from_pretrained`` and its
+cache is transformers' growing ``DynamicCache`` (keys and values of every token) — the point of the comparison.
+"""
 
-__all__ = ["LlamaConfig", "LlamaForCausalLM"]
+import math
+
+import torch
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+def llama_baseline(config: dict) -> LlamaForCausalLM:
+    """A freshly initialised baseline from a config dict (``vocab_size``, ``hidden_size``, ``num_hidden_layers``,
+    ``num_attention_heads``, ``intermediate_size``; anything else of ``LlamaConfig`` may be given too).
+
+    Defaults that differ from ``LlamaConfig``'s: ``rms_norm_eps`` 1e-6, ``tie_word_embeddings`` False (as TNL), no
+    special tokens. Init: every linear and embedding weight N(0, initializer_range), and the residual-branch outputs
+    (``o_proj``, ``down_proj``) scaled by 1/√(2L) as GPT-2 — the rule TNL uses, so the two differ only in the token
+    mixer.
+    """
+    options = dict(rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=None, eos_token_id=None,
+                   pad_token_id=None)
+    options.update(config)
+    model = LlamaForCausalLM(LlamaConfig(**options))
+    scale_residual_outputs(model)
+    return model
+
+
+@torch.no_grad()
+def scale_residual_outputs(model: LlamaForCausalLM) -> None:
+    """Re-draws ``o_proj`` and ``down_proj`` weights from N(0, initializer_range / √(2L)) (GPT-2's scaled init)."""
+    config = model.config
+    std = config.initializer_range / math.sqrt(2 * config.num_hidden_layers)
+    for layer in model.model.layers:
+        for linear in (layer.self_attn.o_proj, layer.mlp.down_proj):
+            if linear.weight.device.type != "meta":
+                nn.init.normal_(linear.weight, 0.0, std)
+
+
+__all__ = ["LlamaConfig", "LlamaForCausalLM", "llama_baseline", "scale_residual_outputs"]

@@ -1,37 +1,40 @@
-"""TransNormerLLM: config, model, cache; registered with transformers' Auto classes when it is installed."""
+"""TransNormerLLM: config, model and cache, registered with transformers' Auto classes (``model_type="transnormer"``).
 
-from lightning_attention.models.transnormer.cache import TransNormerCache
-from lightning_attention.models.transnormer.config import TransNormerConfig
-from lightning_attention.models.transnormer.hf import HAS_TRANSFORMERS
-from lightning_attention.models.transnormer.model import (
-    TransNormerForCausalLM,
-    TransNormerModel,
-    TransNormerPreTrainedModel,
-)
+The names below load on first use (PEP 562), so that registering the config with ``AutoConfig`` (see
+:mod:`lightning_attention.models.registration`) does not import the model and transformers' modelling code.
+"""
+
+import importlib
+
+_EXPORTS = {
+    "TransNormerCache": "cache",
+    "cache_of": "cache",
+    "TransNormerConfig": "config",
+    "TransNormerForCausalLM": "model",
+    "TransNormerModel": "model",
+    "TransNormerPreTrainedModel": "model",
+}
 
 
-def register_auto_classes() -> bool:
-    """Registers ``model_type="transnormer"`` with AutoConfig / AutoModel / AutoModelForCausalLM.
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
 
-    Runs on import of this package; returns False when transformers is not installed.
-    """
-    if not HAS_TRANSFORMERS:
-        return False
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+def register_auto_classes() -> None:
+    """Registers ``model_type="transnormer"`` with AutoConfig / AutoModel / AutoModelForCausalLM now (idempotent;
+    ``import lightning_attention`` already does it when transformers' Auto classes are imported)."""
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-    AutoConfig.register(TransNormerConfig.model_type, TransNormerConfig, exist_ok=True)
-    AutoModel.register(TransNormerConfig, TransNormerModel, exist_ok=True)
-    AutoModelForCausalLM.register(TransNormerConfig, TransNormerForCausalLM, exist_ok=True)
-    return True
+    from lightning_attention.models.registration import register_config, register_models
+
+    register_config(AutoConfig)
+    register_models(AutoModel, AutoModelForCausalLM)
 
 
-register_auto_classes()
-
-__all__ = [
-    "TransNormerCache",
-    "TransNormerConfig",
-    "TransNormerForCausalLM",
-    "TransNormerModel",
-    "TransNormerPreTrainedModel",
-    "register_auto_classes",
-]
+__all__ = [*_EXPORTS, "register_auto_classes"]

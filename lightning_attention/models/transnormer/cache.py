@@ -1,87 +1,170 @@
 """Generation cache of TransNormerLLM: one fp32 recurrent state per lightning layer, plus the positions.
 
-A lightning layer needs no KV cache: its whole past is one ``[H, K, V]`` float32 state per sequence (K is twice the
-head dim in an LRPE layer), so the memory of generation is constant in the number of tokens. Softmax-attention layers
-of a hybrid model (``softmax_attention_every``) and of the LLaMA baseline keep ordinary growing key/value tensors here.
+A lightning layer needs no KV cache: its whole past is one ``[N, H, K, V]`` float32 state (K is twice the head dim
+in an LRPE layer), so the memory of generation is constant in the number of tokens. Softmax-attention layers of a
+hybrid model (``softmax_attention_every``) keep ordinary growing keys and values in a transformers ``DynamicLayer``.
 
-The position of every sequence lives **in the cache** (``positions [N]``), not in a module attribute as in the released
-TNL / MiniMax code: two caches (two conversations, two beams) never interfere, and a batch may hold sequences of
-different lengths (left padding).
+:class:`TransNormerCache` is a ``transformers.Cache``: ``generate()`` (greedy, sampling, beam search, left padding)
+passes it from step to step and reorders it for beam search; on transformers 5 the model reads it from the ``cache``
+argument, on 4.x from ``past_key_values`` (:data:`CACHE_FIELD` is the name this installation uses).
 
-Beam search and batch surgery act on dim 0 of every tensor: :meth:`reorder_cache` / :meth:`batch_select_indices`
-(index select) and :meth:`batch_repeat_interleave`. The class is duck-typed to what ``transformers``' ``generate()``
-reads from a cache (``get_seq_length``, ``is_compileable``, ``reorder_cache``), so it does not depend on the
-transformers ``Cache`` base class, whose constructor changed between 4.x and 5.x.
+The position of every sequence lives **in the cache** (``positions [N]``), not in a module attribute as in the
+released TNL / MiniMax code: two caches (two conversations, two beams) never interfere, and a batch may hold
+sequences of different lengths (left padding).
 """
 
 import torch
+from transformers import Cache
+from transformers.cache_utils import DynamicLayer
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+# transformers 5 renamed the cache argument and output field from `past_key_values` to `cache`
+CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+NO_ROLLBACK = ("a recurrent state cannot be rolled back to an earlier length (assisted and prompt-lookup decoding "
+               "are not supported by TransNormerLLM)")
 
 
-class TransNormerCache:
-    """Per-layer generation state.
+def cache_of(output) -> "TransNormerCache | None":
+    """The cache of a model output, under the field name of the installed transformers (no deprecation warning)."""
+    return getattr(output, CACHE_FIELD)
+
+
+class LightningStateLayer:
+    """The cache of one lightning layer: ``state [N, H, K, V]`` float32 (``None`` before the first call).
+
+    Implements the per-layer hooks ``transformers.Cache`` calls (beam reordering, batch expansion and selection).
+    """
+
+    is_compileable = False
+    is_croppable = False
+    is_sliding = False
+
+    def __init__(self):
+        self.state: torch.Tensor | None = None
+
+    def __repr__(self) -> str:
+        return f"LightningStateLayer({None if self.state is None else tuple(self.state.shape)})"
+
+    def _map(self, fn) -> None:
+        if self.state is not None:
+            self.state = fn(self.state)
+
+    def reorder_cache(self, beam_idx: torch.Tensor) -> None:
+        self._map(lambda s: s.index_select(0, beam_idx.to(s.device)))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._map(lambda s: s[indices.to(s.device)])
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._map(lambda s: s.repeat_interleave(repeats, dim=0))
+
+    def reset(self) -> None:
+        self.state = None
+
+    def crop(self, *args) -> None:
+        raise ValueError(NO_ROLLBACK)
+
+    def get_max_length(self) -> int:
+        return -1  # the recurrent state has no length
+
+    get_max_cache_shape = get_max_length  # the transformers 4.x name
+
+    def offload(self) -> None:
+        raise NotImplementedError("cache offloading is not supported: a recurrent state is small and constant")
+
+    prefetch = offload
+
+
+class TransNormerCache(Cache):
+    """Per-layer generation state of a :class:`TransNormerForCausalLM`.
+
+    Args:
+        config: the model's :class:`TransNormerConfig` (which layers are lightning, which softmax).
 
     Attributes:
-        states: per layer, ``[N, H, K, V]`` float32 (lightning layers) or ``None``.
-        keys, values: per layer, ``[N, S, H, D]`` in the activation dtype (softmax layers) or ``None``.
+        layers: per layer, a :class:`LightningStateLayer` or a transformers ``DynamicLayer`` (keys and values
+            ``[N, H, S, D]`` of a softmax layer).
         key_mask: ``[N, S]`` bool, which cached positions are real tokens; ``None`` while no padding was seen
             (kept only by models with softmax layers: a lightning layer's state already excludes padding).
         positions: ``[N]`` int64, the position the next token of each sequence gets; ``None`` before the first call.
-        seen_tokens: number of time steps (columns of ``input_ids``) processed so far.
+        seen_tokens: number of time steps (columns of ``input_ids``, padding included) processed so far.
     """
 
-    is_compileable = False  # generate() must not try to compile around a cache whose tensors change shape
-
-    def __init__(self, num_layers: int):
-        self.states: list[torch.Tensor | None] = [None] * num_layers
-        self.keys: list[torch.Tensor | None] = [None] * num_layers
-        self.values: list[torch.Tensor | None] = [None] * num_layers
+    def __init__(self, config):
+        layers = [DynamicLayer() if config.is_softmax_layer(i) else LightningStateLayer()
+                  for i in range(config.decoder_layers)]
+        super().__init__(layers=layers)
         self.key_mask: torch.Tensor | None = None
         self.positions: torch.Tensor | None = None
         self.seen_tokens = 0
 
-    def __len__(self) -> int:
-        return len(self.states)
+    # -- the lightning layers' states (the names transformers 5 gives linear-attention caches) -------------------
+    def get_recurrent_state(self, layer_idx: int) -> torch.Tensor | None:
+        """``[N, H, K, V]`` float32 state of lightning layer ``layer_idx``, or ``None`` before its first call."""
+        return self.layers[layer_idx].state
 
+    def update_recurrent_state(self, state: torch.Tensor, layer_idx: int) -> torch.Tensor:
+        """Stores the new ``[N, H, K, V]`` state of lightning layer ``layer_idx`` (a decode step updates in place)."""
+        self.layers[layer_idx].state = state
+        return state
+
+    @property
+    def states(self) -> list[torch.Tensor | None]:
+        """Every layer's recurrent state (``None`` for softmax layers and before the first call)."""
+        return [getattr(layer, "state", None) for layer in self.layers]
+
+    # -- what generate() reads --------------------------------------------------------------------------------
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Time steps processed so far (what transformers calls the past length)."""
         return self.seen_tokens
 
-    def get_max_cache_shape(self, layer_idx: int = 0) -> int:
+    def get_max_length(self, layer_idx: int | None = None) -> int:
         return -1  # unbounded: the recurrent state has no length
 
-    def _map(self, fn) -> None:
-        for items in (self.states, self.keys, self.values):
-            for i, t in enumerate(items):
-                if t is not None:
-                    items[i] = fn(t)
+    get_max_cache_shape = get_max_length  # the transformers 4.x name
+
+    @property
+    def is_compileable(self) -> bool:
+        return False  # generate() must not compile around a cache whose tensors are replaced per call
+
+    @property
+    def is_croppable(self) -> bool:
+        return False
+
+    def _map_rows(self, fn) -> None:
         if self.key_mask is not None:
             self.key_mask = fn(self.key_mask)
         if self.positions is not None:
             self.positions = fn(self.positions)
 
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        """Keeps rows ``indices`` ([N'] int) of every tensor, in that order (beam search, dropping finished rows)."""
-        self._map(lambda t: t.index_select(0, indices.to(t.device)))
-
     def reorder_cache(self, beam_idx: torch.Tensor) -> None:
-        """transformers' beam-search hook: row i of the new cache is row ``beam_idx[i]`` of the old one."""
-        self.batch_select_indices(beam_idx)
+        """Beam search: row i of the new cache is row ``beam_idx[i]`` of the old one."""
+        super().reorder_cache(beam_idx)
+        self._map_rows(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keeps rows ``indices`` ([N'] int) of every tensor, in that order."""
+        super().batch_select_indices(indices)
+        self._map_rows(lambda t: t[indices.to(t.device)])
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         """Repeats every row ``repeats`` times in place (expanding prompts to beams or samples)."""
-        self._map(lambda t: t.repeat_interleave(repeats, dim=0))
+        super().batch_repeat_interleave(repeats)
+        self._map_rows(lambda t: t.repeat_interleave(repeats, dim=0))
 
-    def crop(self, max_length: int) -> None:
-        raise NotImplementedError(
-            "a recurrent state cannot be rolled back to an earlier length (assisted decoding is not supported)"
-        )
+    def crop(self, *args) -> None:
+        raise ValueError(NO_ROLLBACK)
+
+    def reset(self) -> None:
+        super().reset()
+        self.key_mask = self.positions = None
+        self.seen_tokens = 0
 
     def memory_bytes(self) -> int:
         """Bytes held by the cache (constant during generation for a model without softmax layers)."""
-        total = 0
-        for items in (self.states, self.keys, self.values):
-            total += sum(t.numel() * t.element_size() for t in items if t is not None)
-        return total
+        tensors = [layer.state for layer in self.layers if isinstance(layer, LightningStateLayer)]
+        tensors += [t for layer in self.layers if isinstance(layer, DynamicLayer) for t in (layer.keys, layer.values)]
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
 def step_positions(B, T, device, position_ids, token_mask, cache, cu_seqlens) -> torch.Tensor:
@@ -89,7 +172,8 @@ def step_positions(B, T, device, position_ids, token_mask, cache, cu_seqlens) ->
 
     Each sequence counts its own real tokens from its cached offset (0 for a new cache): padded positions do not
     advance it, and packed sequences (``cu_seqlens [N + 1]``) each start at their own offset. ``position_ids
-    [B, T]`` overrides all of this (e.g. global positions under sequence parallelism).
+    [B, T]`` overrides all of this (``generate()`` passes them, computed the same way from the attention mask; the
+    trainer passes global positions under sequence parallelism).
 
     Returns ``[B, T]`` int64 (``[1, T]`` with ``cu_seqlens``); sets ``cache.positions`` (``[B]`` or ``[N]``).
     """
@@ -118,6 +202,7 @@ def step_positions(B, T, device, position_ids, token_mask, cache, cu_seqlens) ->
     if cache is not None:
         cache.positions = nxt
     return positions
+
 
 def step_key_mask(B, T, device, token_mask, cache) -> torch.Tensor | None:
     """``[B, past + T]`` bool key mask of the softmax layers (``None`` while no padding was ever seen).

@@ -1,10 +1,12 @@
 """Configuration of TransNormerLLM; field names follow the released checkpoints' ``config.json``."""
 
-from lightning_attention.models.transnormer.hf import PretrainedConfig
+from transformers import PretrainedConfig
+
+from lightning_attention.models import registration
 
 
 class TransNormerConfig(PretrainedConfig):
-    """TransNormerLLM hyper-parameters (a transformers ``PretrainedConfig`` when transformers is installed).
+    """TransNormerLLM hyper-parameters (a transformers ``PretrainedConfig``).
 
     Released-checkpoint fields (defaults are TransNormerLLM's):
         vocab_size: 64000 in the released tokenizer; 256 for the byte-level tokenizer of ``lightning-attention train``.
@@ -87,13 +89,13 @@ class TransNormerConfig(PretrainedConfig):
         self.softmax_attention_every = softmax_attention_every
         self.softmax_rotary_fraction = softmax_rotary_fraction
         self.rope_theta = rope_theta
-        self.tie_word_embeddings = tie_word_embeddings
-        self.pad_token_id = pad_token_id
-        self.bos_token_id = bos_token_id
-        self.eos_token_id = eos_token_id
         self.use_cache = use_cache
-        super().__init__(**kwargs)
+        # through the base class: transformers 4.x's constructor would reset them to its own defaults
+        super().__init__(tie_word_embeddings=tie_word_embeddings, pad_token_id=pad_token_id, bos_token_id=bos_token_id,
+                         eos_token_id=eos_token_id, **kwargs)
         self.validate_fields()
+        # transformers builds the config before it looks up the model class: make AutoModel* know it by then
+        registration.ensure_models_registered()
 
     def validate_fields(self) -> None:
         """Raises ``ValueError`` naming the field for inconsistent values."""

@@ -12,9 +12,11 @@ State-dict names are those of the released TransNormerLLM checkpoints (see CHECK
 ``model.layers.{i}.token_mixer.{qkvu_proj,out_proj,lrpe.theta}``, ``model.layers.{i}.channel_mixer.{l1,l2,l3}``,
 ``lm_head``; the norms have no weights.
 
-Generation keeps a :class:`TransNormerCache`: one fp32 ``[N, H, K, V]`` state per layer and the position of every
-sequence; a step costs the same at token 10 and at token 10 million. ``attention_mask`` marks padding (left padding
-for generation); ``cu_seqlens`` packs sequences of different lengths into one row for training.
+Generation keeps a :class:`TransNormerCache` (a ``transformers.Cache``): one fp32 ``[N, H, K, V]`` state per layer
+and the position of every sequence; a step costs the same at token 10 and at token 10 million, and ``generate()``
+feeds one new token per step after the prompt. ``attention_mask`` marks padding (left padding for generation);
+``cu_seqlens`` packs sequences of different lengths into one row for training. ``gradient_checkpointing_enable()``
+(``activation_checkpointing_enable()`` on transformers 5) recomputes each block in the backward pass.
 """
 
 import math
@@ -23,14 +25,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lightning_attention.models.transnormer.cache import TransNormerCache, step_key_mask, step_positions
-from lightning_attention.models.transnormer.config import TransNormerConfig
-from lightning_attention.models.transnormer.hf import (
-    BaseModelOutputWithPast,
-    CausalLMOutputWithPast,
-    GenerationMixin,
-    PreTrainedModel,
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+
+from lightning_attention.models import registration
+from lightning_attention.models.transnormer.cache import (
+    CACHE_FIELD,
+    TransNormerCache,
+    cache_of,
+    step_key_mask,
+    step_positions,
 )
+from lightning_attention.models.transnormer.config import TransNormerConfig
 from lightning_attention.nn.lrpe import LRPE
 from lightning_attention.nn.sglu import SGLU
 from lightning_attention.nn.softmax_attention import SoftmaxAttention
@@ -40,8 +47,11 @@ from lightning_attention.nn.tnl_attention import TNLAttention
 IGNORE_INDEX = -100
 
 
-class TransNormerDecoderLayer(nn.Module):
-    """Pre-norm block ``x [B, T, d] -> [B, T, d]``: token mixer then SGLU channel mixer, each with a residual."""
+class TransNormerDecoderLayer(GradientCheckpointingLayer):
+    """Pre-norm block ``x [B, T, d] -> [B, T, d]``: token mixer then SGLU channel mixer, each with a residual.
+
+    ``x`` is passed positionally: under activation checkpointing it is the tensor the recomputation differentiates.
+    """
 
     def __init__(self, config: TransNormerConfig, layer_idx: int, sequence_parallel_group=None):
         super().__init__()
@@ -78,6 +88,8 @@ class TransNormerPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     _no_split_modules = ["TransNormerDecoderLayer"]
     _supports_sdpa = True
+    supports_gradient_checkpointing = True
+    _is_stateful = True  # a recurrent state cannot be rolled back: generate() refuses assisted decoding clearly
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -153,36 +165,44 @@ class TransNormerModel(TransNormerPreTrainedModel):
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
-        past_key_values: TransNormerCache | None = None,
+        cache: TransNormerCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         cu_seqlens: torch.Tensor | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        past_key_values: TransNormerCache | None = None,
         **kwargs,
     ):
         """Args:
             input_ids: ``[B, T]`` token ids (or ``inputs_embeds [B, T, d]``).
             attention_mask: ``[B, T]`` or ``[B, past + T]`` (as ``generate`` passes it), 1 = token, 0 = padding.
             position_ids: ``[B, T]`` explicit positions (default: per sequence, from the cache and the mask).
-            past_key_values: a :class:`TransNormerCache` to continue from; filled in place.
+            cache: a :class:`TransNormerCache` to continue from; filled in place. ``past_key_values`` is the same
+                argument under its transformers 4.x name.
             use_cache: return a cache (default: ``config.use_cache`` in eval mode, False in training mode).
             cu_seqlens: ``[N + 1]`` int offsets of N sequences packed in one row (B == 1); each sequence
                 starts from an empty state (or its own row of the cache) and never sees another.
 
         Returns:
-            ``BaseModelOutputWithPast(last_hidden_state [B, T, d], past_key_values, hidden_states)``.
+            ``BaseModelOutputWithPast(last_hidden_state [B, T, d], cache, hidden_states)`` (the cache field is
+            ``past_key_values`` on transformers 4.x).
         """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        if cache is not None and past_key_values is not None:
+            raise ValueError("pass the cache once: `cache` and `past_key_values` are the same argument")
+        cache = past_key_values if cache is None else cache
+        if cache is not None and not isinstance(cache, TransNormerCache):
+            raise TypeError(f"cache must be a TransNormerCache (the model creates one), got {type(cache).__name__}")
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         x = x * self.embed_scale
         B, T, _ = x.shape
         if use_cache is None:
             use_cache = bool(getattr(self.config, "use_cache", True)) and not self.training
-        cache = past_key_values
+        given_cache = cache is not None
         if cache is None and use_cache:
-            cache = TransNormerCache(len(self.layers))
+            cache = TransNormerCache(self.config)
         if cu_seqlens is not None:
             if B != 1 or attention_mask is not None:
                 raise ValueError("cu_seqlens packs sequences into one row: B must be 1 and attention_mask None")
@@ -212,8 +232,8 @@ class TransNormerModel(TransNormerPreTrainedModel):
             cache.seen_tokens += T
         return BaseModelOutputWithPast(
             last_hidden_state=x,
-            past_key_values=cache if use_cache or past_key_values is not None else None,
             hidden_states=tuple(hidden_states) if hidden_states is not None else None,
+            **{CACHE_FIELD: cache if use_cache or given_cache else None},
         )
 
 
@@ -247,7 +267,7 @@ class TransNormerForCausalLM(TransNormerPreTrainedModel, GenerationMixin):
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
-        past_key_values: TransNormerCache | None = None,
+        cache: TransNormerCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         use_cache: bool | None = None,
@@ -255,6 +275,7 @@ class TransNormerForCausalLM(TransNormerPreTrainedModel, GenerationMixin):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         logits_to_keep: int = 0,
+        past_key_values: TransNormerCache | None = None,
         **kwargs,
     ):
         """Same arguments as :meth:`TransNormerModel.forward`, plus:
@@ -266,10 +287,11 @@ class TransNormerForCausalLM(TransNormerPreTrainedModel, GenerationMixin):
             logits_to_keep: if > 0, logits only for the last ``logits_to_keep`` positions (generation).
 
         Returns:
-            ``CausalLMOutputWithPast(loss, logits [B, T', vocab], past_key_values, hidden_states)``.
+            ``CausalLMOutputWithPast(loss, logits [B, T', vocab], cache, hidden_states)`` (the cache field is
+            ``past_key_values`` on transformers 4.x; :func:`cache_of` reads it on both).
         """
         out = self.model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
             past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
             cu_seqlens=cu_seqlens, output_hidden_states=output_hidden_states,
         )
@@ -281,28 +303,12 @@ class TransNormerForCausalLM(TransNormerPreTrainedModel, GenerationMixin):
         if labels is not None:
             loss = causal_lm_loss(logits, labels, cu_seqlens)
         return CausalLMOutputWithPast(
-            loss=loss, logits=logits, past_key_values=out.past_key_values, hidden_states=out.hidden_states
+            loss=loss, logits=logits, hidden_states=out.hidden_states, **{CACHE_FIELD: cache_of(out)}
         )
 
-    # -- transformers generate() hooks ---------------------------------------------------------------------
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
-        return False  # the model creates its own TransNormerCache on the first forward
-
-    def prepare_inputs_for_generation(
-        self, input_ids, past_key_values=None, attention_mask=None, inputs_embeds=None, use_cache=True, **kwargs
-    ) -> dict:
-        """Feeds only the tokens the cache has not seen; positions come from the cache, not from ``generate``."""
-        seen = past_key_values.get_seq_length() if past_key_values is not None else 0
-        inputs = {"past_key_values": past_key_values, "attention_mask": attention_mask, "use_cache": use_cache}
-        if inputs_embeds is not None and seen == 0:
-            inputs["inputs_embeds"] = inputs_embeds
-        else:
-            inputs["input_ids"] = input_ids[:, seen:]
-        for key in ("output_hidden_states", "return_dict", "logits_to_keep"):
-            if key in kwargs:
-                inputs[key] = kwargs[key]
-        return inputs
+        return False  # generate() must not create a DynamicCache: the first forward creates a TransNormerCache
 
 
 def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, cu_seqlens: torch.Tensor | None = None):
@@ -316,3 +322,6 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, cu_seqlens: torch
     return F.cross_entropy(
         logits[:, :-1].float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX
     )
+
+
+registration.model_module_ready()  # into transformers' Auto classes if they are loaded (see registration.py)
