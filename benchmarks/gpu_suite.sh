@@ -263,7 +263,7 @@ for stage in ${stages//,/ }; do
                       --configs "BT=64,BV=64,num_warps=4,num_stages=4,warp_spec=1;BT=64,BV=64,num_warps=4,num_stages=4" \
                       --out "$res/ws_sweep_d128.json"
                   run ws_verify_d256 200 env PROBE_WALK_MIN_TILE=32 python3 benchmarks/inter_debug.py --pins 256 "$pins" ;;
-        tables) run tables 60 python3 benchmarks/perf_tables.py "$res" --out "$res/tables.md" ;;  # last: reads all
+        tables) run tables 60 python3 -m lightning_attention.bench.tables "$res" --out "$res/tables.md" ;;  # last: reads all
         model) run model 150 python3 -m lightning_attention.bench.model_timing --contexts 2048 8192 32768 65536 \
                    --loss-steps 0 ;;
         # issue 10: the model benchmark CLI (throughput per context, both archs, and short loss curves)
