@@ -64,9 +64,9 @@ POINTS: tuple[Point, ...] = (
           "random tokens", "tokens/s"),
     *_grid_points("k256", 256, (4096,)),
     *(Point(f"decode-b{b}-{kind}", "decode", f"decode step, batch {b}, H = {HEADS}, K = V = 128, bf16, out= and "
-            f"state_indices: {how} per step", "us")
+            f"state_indices: time per step, {how}", "us")
       for b in DECODE_BATCHES
-      for kind, how in (("step", "CUDA events over a loop of steps"), ("wall", "wall time with the host"))),
+      for kind, how in (("step", "CUDA events around a loop of steps"), ("wall", "wall clock (host included)"))),
 )  # fmt: skip
 
 
