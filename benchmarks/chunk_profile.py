@@ -15,7 +15,7 @@ import argparse
 import json
 
 import torch
-from timed_calls import device_ms, make_problem, parse_shape, settings_changes, write_json
+from timed_calls import add_settings_option, device_ms, make_problem, parse_shape, settings_changes, write_json
 
 from lightning_attention import settings
 
@@ -109,8 +109,7 @@ def main() -> int:
     parser.add_argument("--shapes", default="32x2048,8x8192,2x32768,1x131072", help="BxT or BxTxD, comma-separated")
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--iters", type=int, default=5, help="profiled fwd+bwd calls (the last one is reported)")
-    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                        help="a setting for the whole run (lightning_attention.settings.Settings field), repeatable")  # fmt: skip
+    add_settings_option(parser)
     parser.add_argument("--out", default=None, help="write the result as JSON to this file")
     args = parser.parse_args()
     if not torch.cuda.is_available():

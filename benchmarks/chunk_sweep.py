@@ -14,7 +14,8 @@ A configuration that times fastest may compute wrong values: ``--check`` also co
 sequence with the float64 PyTorch path (relative L2, against the dtype's tolerance) before a rule may pick it.
 
     python benchmarks/chunk_sweep.py --shape 4x16384x64 --check
-    python benchmarks/chunk_sweep.py --shape 16x4096x256 --configs "BT=64,BV=32,num_warps=4,num_stages=3;BT=64,BV=64,num_warps=8,num_stages=2"
+    python benchmarks/chunk_sweep.py --shape 8x8192 \\
+        --configs "BT=64,BV=64,num_warps=4,num_stages=3;BT=64,BV=64,num_warps=4,num_stages=4"
 """
 
 import argparse
@@ -23,7 +24,15 @@ import subprocess
 import sys
 
 import torch
-from timed_calls import device_ms, float64_reference, make_problem, parse_shape, settings_changes, write_json
+from timed_calls import (
+    add_settings_option,
+    device_ms,
+    float64_reference,
+    make_problem,
+    parse_shape,
+    settings_changes,
+    write_json,
+)
 
 from lightning_attention import settings
 
@@ -40,7 +49,8 @@ def tuner_candidates(B: int, T: int, H: int, D: int, device: str = "cuda") -> li
         tma=plan.tma_enabled(problem.device, problem.settings),
         state_bytes=state_operand_bytes(plan.inter_precision(problem)),
     )  # fmt: skip
-    return [f"BT={c.kwargs['BT']},BV={c.kwargs['BV']},num_warps={c.num_warps},num_stages={c.num_stages}" for c in configs]
+    return [f"BT={c.kwargs['BT']},BV={c.kwargs['BV']},num_warps={c.num_warps},num_stages={c.num_stages}"
+            for c in configs]  # fmt: skip
 
 
 def check_values(problem, rows: int = 1) -> dict:
@@ -77,8 +87,7 @@ def main() -> int:
     parser.add_argument("--configs", default=None, help="pins 'BT=..,BV=..,num_warps=..,num_stages=..', ';'-separated "
                         "(default: the autotuner's candidates at this shape)")  # fmt: skip
     parser.add_argument("--check", action="store_true", help="also check each configuration's values vs float64")
-    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                        help="another setting for every child (a lightning_attention.settings.Settings field)")  # fmt: skip
+    add_settings_option(parser, "another setting for every configuration, repeatable")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per configuration (compiles included)")
     parser.add_argument("--out", default=None, help="write the rows as JSON to this file")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)  # one configuration, in its own process

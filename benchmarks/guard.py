@@ -98,10 +98,11 @@ def _commit(root: pathlib.Path, given: str | None) -> str | None:
     if (root / "COMMIT").is_file():
         return (root / "COMMIT").read_text().strip()
     if (root / ".git").exists() and shutil.which("git"):
-        proc = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
+        git = ["git", "-C", str(root)]
+        proc = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
         if proc.returncode == 0:
-            changed = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                                     capture_output=True, text=True, check=False).stdout.strip()  # fmt: skip
+            changed = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                     text=True, check=False).stdout.strip()  # fmt: skip
             return proc.stdout.strip() + ("+modified" if changed else "")
     return None
 
@@ -222,7 +223,8 @@ def summarize(raw: list[dict], reps: int) -> dict:
         side = {}
         for label in ("old", "new"):
             runs = [doc["points"][point.name] for doc in raw if doc["label"] == label and point.name in doc["points"]]
-            side[label] = {"runs": runs, **{key: _median([r[key] for r in runs]) for key in ("value", "device", "host")}}
+            medians = {key: _median([r[key] for r in runs]) for key in ("value", "device", "host")}
+            side[label] = {"runs": runs, **medians}
         verdict = judge(point, side["old"], side["new"])
         short = min(len(side["old"]["runs"]), len(side["new"]["runs"])) < reps
         verdicts.append("INCOMPLETE" if verdict["verdict"] in ("MISSING", "PASS") and short else verdict["verdict"])
@@ -238,7 +240,8 @@ def _num(x) -> str:
 
 def markdown(result: dict) -> str:
     machine, packages = result.get("machine") or {}, result.get("packages") or {}
-    gpu = f"GPU: {result.get('gpu') or machine.get('gpu')}; torch {machine.get('torch')}, triton {machine.get('triton')}"
+    gpu = f"GPU: {result.get('gpu') or machine.get('gpu')}; torch {machine.get('torch')}"
+    gpu += f", triton {machine.get('triton')}"
     commits = {label: packages.get(label, {}).get("commit") or "?" for label in ("old", "new")}
     sitting = (f"{gpu}, CUDA {machine.get('cuda')}. Old: {commits['old']}, new: {commits['new']}. Medians of "
                f"{result['reps']} runs each, the packages alternating.")  # fmt: skip

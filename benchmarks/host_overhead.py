@@ -24,7 +24,16 @@ import contextlib
 import time
 
 import torch
-from timed_calls import device_ms, graph_ms, host_ms, make_problem, parse_shape, settings_changes, write_json
+from timed_calls import (
+    add_settings_option,
+    device_ms,
+    graph_ms,
+    host_ms,
+    make_problem,
+    parse_shape,
+    settings_changes,
+    write_json,
+)
 
 from lightning_attention import settings
 
@@ -98,10 +107,10 @@ def measure(B: int, T: int, H: int = 16, D: int = 128, calls: int = 50) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default="1x1024,1x32768,2x32768,32x2048,1x131072", help="BxT or BxTxD, comma-separated")
+    parser.add_argument("--shapes", default="1x1024,1x32768,2x32768,32x2048,1x131072",
+                        help="BxT or BxTxD, comma-separated")  # fmt: skip
     parser.add_argument("--calls", type=int, default=50, help="calls per host-time loop")
-    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                        help="a setting for the whole run (lightning_attention.settings.Settings field), repeatable")  # fmt: skip
+    add_settings_option(parser)
     parser.add_argument("--out", default=None, help="write the rows as JSON to this file")
     args = parser.parse_args()
     if not torch.cuda.is_available():

@@ -14,7 +14,7 @@ A shape is ``BxT`` or ``BxTxD`` (bf16, H = 16, TNL slopes) and ``:fwd`` or ``:fw
 import argparse
 
 import torch
-from timed_calls import make_problem, parse_shape, settings_changes
+from timed_calls import add_settings_option, make_problem, parse_shape, settings_changes
 
 from lightning_attention import settings
 
@@ -22,8 +22,7 @@ from lightning_attention import settings
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="2x32768:fwd", help="BxT[xD]:fwd|fwd_bwd, comma-separated")
-    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                        help="a setting for the whole run (lightning_attention.settings.Settings field), repeatable")  # fmt: skip
+    add_settings_option(parser)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")

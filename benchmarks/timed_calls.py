@@ -132,6 +132,13 @@ def parse_shape(text: str, D: int = 128) -> tuple[int, int, int]:
     return dims[0], dims[1], dims[2] if len(dims) == 3 else D
 
 
+def add_settings_option(parser, help: str = "a setting for the whole run, repeatable") -> None:
+    """The scripts' ``--set NAME=VALUE`` option (a field of ``lightning_attention.settings.Settings``; read it with
+    :func:`settings_changes`)."""
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help=f"{help} (a lightning_attention.settings.Settings field, e.g. segment_len=0)")  # fmt: skip
+
+
 def settings_changes(items: list[str]) -> dict:
     """``["segment_len=0", "kernel_config=BT=64,BV=64,num_warps=4,num_stages=2", "tma=0"]`` (the scripts' ``--set``)
     -> keyword arguments of ``lightning_attention.settings.override``: each a field of ``settings.Settings``, booleans

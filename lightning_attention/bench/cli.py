@@ -83,7 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p = sub.add_parser(name, help=help_text, description=help_text)
         _common(p)
         if name == "kernels":
-            p.add_argument("--grid", choices=("a", "b", "all"), default="all", help="DESIGN §4 grid (a), (b) or both")
+            p.add_argument(
+                "--grid", choices=("a", "b", "all"), default="all", help="grid (a), (b) or both (docs/design.md)"
+            )
             p.add_argument(
                 "--head-dims", type=_int_list, default=None, help="K = V values (default 128; 32 in --quick)"
             )
@@ -101,7 +103,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                 "--cuda-graphs",
                 action="store_true",
                 help="also time each fwd+bwd as a CUDA-graph replay (device time without host time; grid (b)'s "
-                "flatness may use it, DESIGN §4)",
+                "flatness may use it)",
             )
         elif name == "decode":
             p.add_argument("--batches", type=_int_list, default=None, help="default 1,8,64,256")

@@ -1,4 +1,4 @@
-"""Decode-step timing and the constant-memory generation loop (issue 6), as plain functions for the bench CLI.
+"""Decode-step timing and the constant-memory generation loop, as plain functions for the bench CLI.
 
 - :func:`time_decode_step`: one step of :func:`lightning_attention.lightning_attn_decode` (bf16 q/k/v, fp32 state
   pool addressed through ``state_indices``, ``out=``) against FLA's ``fused_recurrent_simple_gla`` with T = 1 (when
@@ -28,7 +28,7 @@ import lightning_attention as la
 from lightning_attention import settings
 from lightning_attention.bench.timing import graphed
 
-HBM_BYTES_PER_S = 3.0e12  # H100 80GB copy ceiling measured for DESIGN §4 (3.02 TB/s)
+HBM_BYTES_PER_S = 3.0e12  # H100 80GB copy ceiling (3.02 TB/s, docs/design.md "Benchmark grids")
 
 
 def state_floor_us(batch: int, heads: int, k_dim: int, v_dim: int) -> float:

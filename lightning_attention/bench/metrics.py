@@ -1,6 +1,6 @@
 """FLOP, byte and floor formulas, workspace accounting and speedups (pure arithmetic, unit-tested).
 
-Conventions (DESIGN §4, ``notes/kernel-design.md``):
+Conventions (docs/design.md, "Benchmark grids"):
 
 - **HBM floor**: the bytes that must cross HBM at least once over the copy bandwidth measured in the same run.
   Forward reads q, k, v and writes o; the backward reads q, k, v, do and writes dq, dk, dv. With K = V = 128, bf16,

@@ -1,6 +1,6 @@
-"""The ``lightning_attn`` benchmark op, its providers and its shape sets (DESIGN §4).
+"""The ``lightning_attn`` benchmark op, its providers and its shape sets (docs/design.md, "Benchmark grids").
 
-Providers (all computing DESIGN §1 with scale 1 and λ = exp(-slope), except SDPA):
+Providers (all computing the op of docs/design.md, "Semantics", with scale 1 and λ = exp(-slope), except SDPA):
 
 ==================  =========================================================================================
 ``ours-chunk``      ``lightning_attention.lightning_attn(..., backward="chunk")``, Triton kernels (CUDA only)
@@ -103,11 +103,7 @@ def _needs_cuda(device: torch.device, what: str) -> str | None:
 
 
 def _ours_available(device: torch.device) -> str | None:
-    return _needs_cuda(device, "the Triton kernels") or (
-        "the Triton kernels have not landed yet (lightning_attention.ops.lightning.chunk is missing)"
-        if module_missing("lightning_attention.ops.lightning.chunk")
-        else None
-    )
+    return _needs_cuda(device, "the Triton kernels")
 
 
 def _prepare_ours(backward: str):
@@ -249,7 +245,7 @@ BASELINES = ("fla", "official", "sdpa")
 
 
 def grid_a(head_dim: int, budget: int = GRID_A_BUDGET, seqlens=GRID_A_SEQLENS, heads=GRID_HEADS, dtype=torch.bfloat16):
-    """DESIGN §4 grid (a): a fixed token budget per call, batch = budget / T."""
+    """Grid (a): a fixed token budget per call, batch = budget / T."""
     return ShapeSet(
         f"a-d{head_dim}",
         f"grid (a): {budget} tokens per call, batch = {budget}/T, H = {heads}, K = V = {head_dim}, "
@@ -259,7 +255,7 @@ def grid_a(head_dim: int, budget: int = GRID_A_BUDGET, seqlens=GRID_A_SEQLENS, h
 
 
 def grid_b(head_dim: int, seqlens=GRID_B_SEQLENS, heads=GRID_HEADS, dtype=torch.bfloat16):
-    """DESIGN §4 grid (b): batch 1, long sequences (the 'constant speed' claim)."""
+    """Grid (b): batch 1, long sequences (the 'constant speed' claim)."""
     return ShapeSet(
         f"b-d{head_dim}",
         f"grid (b): batch 1, H = {heads}, K = V = {head_dim}, {str(dtype).removeprefix('torch.')}",

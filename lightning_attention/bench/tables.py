@@ -314,7 +314,7 @@ def targets_section(run: Run, kern: Kernels) -> list[str]:
         rows = [[v.area, v.target, v.status, v.detail] for v in verdicts]
         return md_table(["area", "target", "status", "detail"], rows)
 
-    held = 'Targets (docs/design.md, "Numbers we hold ourselves to"; sequence parallelism as docs/performance.md has it):'
+    held = 'Targets (docs/design.md, "Numbers we hold ourselves to"; sequence parallelism as performance.md has it):'
     further = "Further goals (every head dim well ahead of FLA, K = 128 near the HBM floor):"
     return [held, "", table(targets_.targets(run, kern)), "", further, "", table(targets_.goals(kern))]
 

@@ -54,7 +54,8 @@ def test_sp_scripts_quick_on_cpu(tmp_path):
     # the run's tables read both reports; a gloo run is a smoke test, never counted as the GPU measurement
     text = tables.render(tables.load_run(tmp_path))
     assert "T = 300, B = 1, H = 2, K = V = 32, float32, 2 ranks (gloo): passed = True" in text
-    assert "| sequence parallel | communication per layer independent of T (and = the prediction) | not measured |" in text
+    comm = "communication per layer independent of T (and = the prediction)"
+    assert f"| sequence parallel | {comm} | not measured |" in text
 
 
 def test_header_cost_script_quick_on_cpu(tmp_path):
