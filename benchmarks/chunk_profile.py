@@ -16,8 +16,10 @@ import json
 
 import torch
 from timed_calls import add_settings_option, device_ms, make_problem, parse_shape, settings_changes, write_json
+from torch.profiler import ProfilerActivity, profile
 
 from lightning_attention import settings
+from lightning_attention.ops.lightning import plan, run
 
 # the configuration keys a line shows (the rest is in the JSON); flags are shown when set
 _SHOWN = ("BT", "BV", "num_warps", "num_stages")
@@ -26,8 +28,6 @@ _FLAGS = ("REVERSE", "SEG_IN", "STATE_ONLY", "SKIP_FINAL", "USE_TMA", "INTER_APA
 
 def call_programs(problem) -> dict:
     """The forward and backward programs a fwd+bwd of ``problem`` (``timed_calls.Problem``) runs, and their plan."""
-    from lightning_attention.ops.lightning import plan, run
-
     q, k, v, do, slope = problem.q.detach(), problem.k.detach(), problem.v.detach(), problem.do, problem.slope
     fwd_problem = run.problem_of(q, k, v, slope, None, None, None, 1.0, False, 0)
     _, _, states = run.chunk_forward(q, k, v, slope, None, None, None, 1.0, False)
@@ -75,8 +75,6 @@ def describe(row: dict) -> str:
 
 def kernel_times(fn, iters: int) -> list[dict]:
     """The CUDA kernels of the last of ``iters`` profiled calls of ``fn``, in launch order, with their µs."""
-    from torch.profiler import ProfilerActivity, profile
-
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(iters):
             fn()

@@ -24,6 +24,7 @@ import subprocess
 import sys
 
 import torch
+from chunk_profile import call_programs, launch_rows
 from timed_calls import (
     add_settings_option,
     device_ms,
@@ -34,14 +35,15 @@ from timed_calls import (
     write_json,
 )
 
+import lightning_attention as la
 from lightning_attention import settings
+from lightning_attention.ops.lightning import plan, run
+from lightning_attention.ops.lightning.kernels.configs import state_operand_bytes, walk_candidates
+from lightning_attention.utils.testing import relative_error, tolerance
 
 
 def tuner_candidates(B: int, T: int, H: int, D: int, device: str = "cuda") -> list[str]:
     """The main walk's configurations the autotuner would time at this shape on ``device``, as pins."""
-    from lightning_attention.ops.lightning import plan, run
-    from lightning_attention.ops.lightning.kernels.configs import state_operand_bytes, walk_candidates
-
     q = torch.empty(B, T, H, D, device=device, dtype=torch.bfloat16)
     problem = run.problem_of(q, q, q, None, None, None, None, 1.0, False, 0)
     configs = walk_candidates(
@@ -56,9 +58,6 @@ def tuner_candidates(B: int, T: int, H: int, D: int, device: str = "cuda") -> li
 def check_values(problem, rows: int = 1) -> dict:
     """Relative L2 errors of o, dq, dk, dv of the first ``rows`` sequences against the float64 PyTorch path, and
     whether each is within the dtype's tolerance."""
-    import lightning_attention as la
-    from lightning_attention.utils.testing import relative_error, tolerance
-
     o, _ = la.lightning_attn(problem.q, problem.k, problem.v, problem.slope)
     ours = (o, *torch.autograd.grad(o, (problem.q, problem.k, problem.v), problem.do))
     ref = float64_reference(problem.q, problem.k, problem.v, problem.do, problem.slope, rows)
@@ -67,8 +66,6 @@ def check_values(problem, rows: int = 1) -> dict:
 
 
 def child(B: int, T: int, H: int, D: int, config: str | None, check: bool) -> dict:
-    from chunk_profile import call_programs, launch_rows
-
     with settings.override(kernel_config=config):
         problem = make_problem(B, T, H, D)
         problem.fwd_bwd()

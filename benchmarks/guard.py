@@ -2,7 +2,7 @@
 median of several runs under the same pinned configurations, and judged by one rule.
 
     mkdir -p .old && git archive <base> lightning_attention | tar x -C .old && git rev-parse <base> > .old/COMMIT
-    python benchmarks/guard.py run --old .old --new . --reps 3 --out guard      # on the GPU machine, ~6 min on an H100
+    python benchmarks/guard.py run --old .old --new . --reps 3 --out guard      # on the GPU machine: 4-7 min, H100
     python benchmarks/guard.py report guard                                        # the verdicts again, from the JSON
     python benchmarks/guard.py run --old .old --new . --dry-run                   # the planned processes (no GPU)
 

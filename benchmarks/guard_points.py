@@ -6,6 +6,9 @@ some versions of the package read when they are imported. Every point uses only 
 ``lightning_attn_decode``, ``tnl_slopes``, the model presets) and the timers of ``timed_calls.py``, so that two
 versions of the package are measured by the same code.
 
+Imports of torch, the package and ``timed_calls`` are inside the measuring functions: ``guard.py``'s parent process
+reads the points without importing either.
+
 Each point has a value (what is compared), and beside it the device time and the host time per call of the same
 call where they are known: a point whose host time is above its device time is launch-bound.
 """

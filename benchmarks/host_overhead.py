@@ -11,9 +11,9 @@ Per shape (bf16, H = 16, TNL slopes), for the forward and the forward + backward
 host time: ``bwd_program_host_ms`` (the backward's launch program run directly: no autograd, no ``torch.library``
 dispatch), ``function_fwd_host_ms`` / ``function_bwd_host_ms`` (inside the autograd Function's forward / backward,
 operators included), ``triton_launches`` per call (launches that went through Triton's ``JITFunction.run`` instead
-of the direct launcher: 0 once every launch is verified) and ``fwd_bwd_host_ms_one_thread`` (the backward on the
-calling thread: ``torch.autograd.set_multithreading_enabled(False)``). docs/kernels.md, "Host overhead", explains
-the numbers.
+of the direct launcher: 0 once every launch is verified; ``launchers_disabled`` names the launchers that left the
+direct path, and why) and ``fwd_bwd_host_ms_one_thread`` (the backward on the calling thread:
+``torch.autograd.set_multithreading_enabled(False)``). docs/kernels.md, "Host overhead", explains the numbers.
 
     python benchmarks/host_overhead.py --shapes 1x32768,32x2048,4x16384x64 --out host_overhead.json
     python benchmarks/host_overhead.py --shapes 1x1024 --set direct_launch=0      # every launch through Triton
@@ -36,13 +36,12 @@ from timed_calls import (
 )
 
 from lightning_attention import settings
+from lightning_attention.ops.lightning import run
 
 
 def _backward_program(problem):
     """The backward of ``problem.fwd_bwd`` as its launch program runs it (the forward's segment states included),
     without autograd or operator dispatch."""
-    from lightning_attention.ops.lightning import run
-
     q, k, v, do, slope = problem.q.detach(), problem.k.detach(), problem.v.detach(), problem.do, problem.slope
     scale = 1.0  # lightning_attn's default, as in problem.fwd_bwd
     _, _, states = run.chunk_forward(q, k, v, slope, None, None, None, scale, False)
@@ -59,7 +58,7 @@ def _host_split(calls: int):
     from lightning_attention.ops.lightning.ops import LightningAttnFunction
 
     split = {"function_fwd_host_ms": 0.0, "function_bwd_host_ms": 0.0, "triton_launches": 0}
-    fwd, bwd, run = LightningAttnFunction.forward, LightningAttnFunction.backward, JITFunction.run
+    fwd, bwd, triton_run = LightningAttnFunction.forward, LightningAttnFunction.backward, JITFunction.run
 
     def timed(fn, name):
         def wrapper(*args, **kwargs):
@@ -73,7 +72,7 @@ def _host_split(calls: int):
 
     def counted_run(self, *args, **kwargs):
         split["triton_launches"] += 1
-        return run(self, *args, **kwargs)
+        return triton_run(self, *args, **kwargs)
 
     LightningAttnFunction.forward = timed(fwd, "function_fwd_host_ms")
     LightningAttnFunction.backward = timed(bwd, "function_bwd_host_ms")
@@ -82,7 +81,7 @@ def _host_split(calls: int):
         yield split
     finally:
         LightningAttnFunction.forward, LightningAttnFunction.backward = staticmethod(fwd), staticmethod(bwd)
-        JITFunction.run = run
+        JITFunction.run = triton_run
     for key in split:
         split[key] /= calls
 
@@ -101,6 +100,8 @@ def measure(B: int, T: int, H: int = 16, D: int = 128, calls: int = 50) -> dict:
     row.update(split)
     with torch.autograd.set_multithreading_enabled(False):
         row["fwd_bwd_host_ms_one_thread"] = host_ms(problem.fwd_bwd, calls)
+    # a launcher off the direct path (it warned once) sends every launch through Triton: the first suspect
+    row["launchers_disabled"] = {launcher.name: launcher.disabled for launcher in run.launchers() if launcher.disabled}
     print(", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()), flush=True)
     return row
 

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import triton.testing
 
 import lightning_attention as la
 
@@ -60,8 +61,6 @@ def make_problem(B: int, T: int, H: int = 16, D: int = 128, dtype=torch.bfloat16
 
 def device_ms(fn: Callable[[], object], warmup: int = 25, rep: int = 100) -> float:
     """Median ms of ``fn()`` over ``rep`` ms of repetitions after ``warmup`` ms (``triton.testing.do_bench``)."""
-    import triton.testing
-
     return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
@@ -114,6 +113,7 @@ def graph_ms(fn: Callable[[], object], steps: int = 1, warmup: int = 10, rep: in
 def float64_reference(q, k, v, do, slope, rows: int | None = None) -> tuple[torch.Tensor, ...]:
     """(o, dq, dk, dv) of the first ``rows`` sequences (all: None) in float64 through the chunked PyTorch path, one
     sequence at a time (its memory stays that of one sequence), for the loss ``(o · do).sum()``."""
+    # imported here, not at the top: guard.py measures versions of the package through this module and the public API
     from lightning_attention.ops.lightning import naive
 
     outs = []
