@@ -109,6 +109,8 @@ def _grid(dim: int, seqlens) -> dict:
 
 
 def _model_tokens_per_s() -> dict:
+    """The training step of ``lightning-attention bench model`` written out here, not imported from the package's
+    ``bench/model_timing.py``: both packages must be timed by the same code."""
     import torch
     import torch.nn.functional as F
 
