@@ -184,8 +184,8 @@ def run(args) -> int:
         left = sum(statistics.median(durations.get(q["group"], [took])) for q in processes[i:])
         print(f"[{i}/{len(processes)}] rep {p['rep']} {p['group']:6s} {p['label']}: {status} in {took:.1f} s; "
               f"{time.perf_counter() - start:.0f} s so far, about {left:.0f} s left", flush=True)  # fmt: skip
-        if i % (2 * len(groups)) == 0 or i == len(processes):  # a repetition is complete: the report so far
-            report_folder(out, quiet=i != len(processes))
+        if i % (2 * len(groups)) == 0:  # a repetition is complete: the report so far, should the call be cut short
+            report_folder(out, quiet=True)
     (out / "plan.json").write_text(json.dumps(plan, indent=1))
     return report_folder(out)
 
