@@ -1,85 +1,132 @@
-"""Where the time of one ``lightning_attn`` fwd+bwd goes, kernel by kernel (torch.profiler, CUDA time).
+"""One ``lightning_attn`` fwd+bwd, kernel by kernel: the segment plan, every launch of the forward and backward
+programs in launch order with its configuration, and each kernel's CUDA time (torch.profiler).
 
-Prints, per shape, each kernel's total CUDA time over ``--iters`` fwd+bwd calls divided by the number of calls, and
-writes the table as JSON. Use it to attribute a change measured by ``chunk_timing.py`` to the passes it touched.
+Per shape (bf16, H = 16, TNL slopes): the plan (segmented or not, segments, tokens per segment), then one line per
+launch — the launcher, the grid, the configuration it ran with (the autotuner's choice included), the compiled
+kernel's registers, spills and shared memory — beside the kernel's time in the last profiled call, and the call's
+``do_bench`` time (kernels adding up to less: the GPU waited, e.g. for the host). The programs are the ones the
+calls ran (``ops/lightning/run.py`` caches one per problem), so this is what a training step of that shape does.
 
-    python benchmarks/chunk_profile.py --shapes 32x2048,2x32768,1x131072 --out benchmarks/results/chunk_profile.json
+    python benchmarks/chunk_profile.py --shapes 32x2048,2x32768,1x131072 --out chunk_profile.json
+    python benchmarks/chunk_profile.py --shapes 4x16384x64 --set segment_len=0      # the same without segments
 """
 
 import argparse
+import json
 
 import torch
-import triton
-from kernel_problem import make_problem, parse_shape, write_json
+from timed_calls import add_settings_option, device_ms, make_problem, parse_shape, settings_changes, write_json
 from torch.profiler import ProfilerActivity, profile
 
+from lightning_attention import settings
+from lightning_attention.ops.lightning import plan, run
 
-def profile_shape(B: int, T: int, H: int = 16, D: int = 128, iters: int = 10, dtype=torch.bfloat16):
-    """([{kernel, calls_per_iter, us_per_iter}], do_bench ms, [{kernel, us}] of the last call in launch order) for
-    ``iters`` fwd+bwd calls at [B, T, H, D] (bf16, TNL slopes): the kernels' own time per call next to the call's
-    wall time (the difference: idle GPU, e.g. waiting for the host)."""
-    step = make_problem(B, T, H, D, dtype).fwd_bwd
-    for _ in range(3):  # compile, autotune, warm
-        step()
-    torch.cuda.synchronize()
-    wall_ms = triton.testing.do_bench(step, warmup=10, rep=100)
+# the configuration keys a line shows (the rest is in the JSON); flags are shown when set
+_SHOWN = ("BT", "BV", "num_warps", "num_stages")
+_FLAGS = ("REVERSE", "SEG_IN", "STATE_ONLY", "SKIP_FINAL", "USE_TMA", "INTER_APART", "VARLEN")
+
+
+def call_programs(problem) -> dict:
+    """The forward and backward programs a fwd+bwd of ``problem`` (``timed_calls.Problem``) runs, and their plan."""
+    q, k, v, do, slope = problem.q.detach(), problem.k.detach(), problem.v.detach(), problem.do, problem.slope
+    fwd_problem = run.problem_of(q, k, v, slope, None, None, None, 1.0, False, 0)
+    _, _, states = run.chunk_forward(q, k, v, slope, None, None, None, 1.0, False)
+    bwd_problem = run.problem_of(q, k, v, slope, None, None, None, 1.0, False, 0, do, None, states)
+    segments = plan.plan_segments(fwd_problem)
+    shown = {"segmented": segments.segmented, "segments": segments.total, "per_seq": segments.per_seq}
+    return {
+        "plan": {**shown, "seg_len": segments.seg_len},
+        "fwd": run.forward_program(fwd_problem),
+        "bwd": run.backward_program(bwd_problem),
+    }
+
+
+def launch_rows(program) -> list[dict]:
+    """One row per launch of ``program`` in order: launcher, grid, configuration and the compiled kernel's resources
+    (known once the launch has run on the GPU and been verified by the direct launcher)."""
+    rows = []
+    for launch in program.launches:
+        bound = launch.bound
+        config = dict(bound.entry.config if bound is not None else launch.constexprs)
+        row = {"launcher": launch.launcher.name, "grid": list(bound.grid) if bound is not None else None}
+        compiled = bound.entry.compiled if bound is not None else None
+        if compiled is not None:
+            meta = compiled.metadata
+            config.setdefault("num_warps", getattr(meta, "num_warps", None))
+            config.setdefault("num_stages", getattr(meta, "num_stages", None))
+            # the same attributes on Triton and Gluon kernels of the Triton versions this library supports
+            row.update(n_regs=getattr(compiled, "n_regs", None), n_spills=getattr(compiled, "n_spills", None),
+                       shared=getattr(meta, "shared", None))  # fmt: skip
+        row["config"] = {key: value if isinstance(value, (bool, int, float)) else str(value)
+                         for key, value in config.items()}  # fmt: skip
+        rows.append(row)
+    return rows
+
+
+def describe(row: dict) -> str:
+    """A launch row as one line."""
+    config = row["config"]
+    shown = " ".join(f"{k}={config[k]}" for k in _SHOWN if k in config)
+    flags = " ".join(k for k in _FLAGS if config.get(k))
+    grid = "x".join(str(g) for g in row["grid"]) if row.get("grid") else "?"
+    resources = f" regs {row['n_regs']} spills {row['n_spills']} smem {row['shared']}" if "n_regs" in row else ""
+    return f"{row['launcher']} grid {grid}: {shown} {flags}{resources}"
+
+
+def kernel_times(fn, iters: int) -> list[dict]:
+    """The CUDA kernels of the last of ``iters`` profiled calls of ``fn``, in launch order, with their µs."""
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(iters):
-            step()
+            fn()
         torch.cuda.synchronize()
-    rows = []
-    for e in prof.key_averages():
-        cuda_us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
-        if cuda_us <= 0:
-            continue
-        rows.append({"kernel": e.key[:80], "calls_per_iter": e.count / iters, "us_per_iter": cuda_us / iters})
-    rows.sort(key=lambda r: -r["us_per_iter"])
-    # the last call's kernels in launch order (the passes share a kernel name: the order tells them apart)
     kernels = sorted(
         (e for e in prof.events() if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA),
         key=lambda e: e.time_range.start,
     )
     per_call = len(kernels) // iters
-    sequence = [{"kernel": e.name[:60], "us": e.time_range.elapsed_us()} for e in kernels[-per_call:]]
-    return rows, wall_ms, sequence
+    return [{"kernel": e.name[:80], "us": e.time_range.elapsed_us()} for e in kernels[len(kernels) - per_call :]]
 
 
-def plan_and_configs(B: int, T: int, H: int = 16, D: int = 128) -> dict:
-    """The segment plan of a [B, T, H, D] call and the configuration every compiled walk, pre-pass and scan launch
-    took (BT, BV, warps, stages, descriptors; one line per launch key seen so far in this process)."""
-    from lightning_attention.ops.lightning import chunk
-
-    q = torch.empty(B, T, H, D, device="cuda", dtype=torch.bfloat16)
-    plan = chunk.plan_segments(q, q, None, None)
-    launches = []
-    for name in ("_WALK", "_STATE", "_SCAN"):
-        for entry in getattr(chunk, name).cache.entries.values():
-            if entry.compiled is None:
-                continue
-            meta = entry.compiled.metadata
-            cfg = {k: entry.config.get(k) for k in ("BT", "BV", "USE_TMA", "REVERSE", "SEG_IN") if k in entry.config}
-            launches.append({"kernel": name, **cfg, "num_warps": meta.num_warps, "num_stages": meta.num_stages})
-    return {"segmented": plan.segmented, "segments": plan.total, "seg_len": plan.seg_len, "launch_keys": launches}
+def profile_shape(B: int, T: int, H: int, D: int, iters: int) -> dict:
+    problem = make_problem(B, T, H, D)
+    for _ in range(3):  # compile, verify the direct launches, warm
+        problem.fwd_bwd()
+    torch.cuda.synchronize()
+    wall_ms = device_ms(problem.fwd_bwd, warmup=10, rep=100)
+    kernels = kernel_times(problem.fwd_bwd, iters)
+    programs = call_programs(problem)
+    launches = [{"pass": name, **row} for name in ("fwd", "bwd") for row in launch_rows(programs[name])]
+    if len(kernels) == len(launches):  # pair them: the kernels of one call are its programs' launches, in order
+        for launch, kernel in zip(launches, kernels, strict=True):
+            launch.update(kernel)
+    return {"plan": programs["plan"], "do_bench_ms": wall_ms, "launches": launches, "kernels": kernels}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="32x2048,8x8192,2x32768,1x131072", help="BxT or BxTxD, comma-separated")
-    parser.add_argument("--iters", type=int, default=10)
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--iters", type=int, default=5, help="profiled fwd+bwd calls (the last one is reported)")
+    add_settings_option(parser)
+    parser.add_argument("--out", default=None, help="write the result as JSON to this file")
     args = parser.parse_args()
-    result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "shapes": {}}
-    for shape in args.shapes.split(","):
-        B, T, D = parse_shape(shape)
-        rows, wall_ms, sequence = profile_shape(B, T, D=D, iters=args.iters)
-        plan = plan_and_configs(B, T, D=D)
-        result["shapes"][shape] = {"kernels": rows, "do_bench_ms": wall_ms, "plan": plan, "sequence": sequence}
-        print(f"plan of {shape}: {plan}", flush=True)
-        print("one call, in launch order: " + ", ".join(f"{k['kernel']} {k['us']:.0f} us" for k in sequence))
-        total = sum(r["us_per_iter"] for r in rows)
-        print(f"== B={B} T={T} D={D}: {total / 1e3:.3f} ms of kernels per fwd+bwd, do_bench {wall_ms:.3f} ms", flush=True)
-        for r in rows[:12]:
-            print(f"  {r['us_per_iter']:9.1f} us  x{r['calls_per_iter']:.0f}  {r['kernel']}", flush=True)
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU")
+    result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "settings": args.set, "shapes": {}}
+    with settings.override(**settings_changes(args.set)):
+        for shape in args.shapes.split(","):
+            B, T, D = parse_shape(shape)
+            res = result["shapes"][shape] = profile_shape(B, T, args.heads, D, args.iters)
+            total = sum(k["us"] for k in res["kernels"]) / 1e3
+            print(f"== {shape} (H = {args.heads}): plan {json.dumps(res['plan'])}; {total:.3f} ms of kernels per "
+                  f"fwd+bwd, do_bench {res['do_bench_ms']:.3f} ms", flush=True)  # fmt: skip
+            for launch in res["launches"]:
+                us = f"{launch['us']:9.1f} us  " if "us" in launch else ""
+                print(f"  {launch['pass']}  {us}{describe(launch)}", flush=True)
+            if len(res["kernels"]) != len(res["launches"]):
+                print(f"  ({len(res['kernels'])} kernels ran, {len(res['launches'])} launches planned: not paired)")
+                for k in res["kernels"]:
+                    print(f"  {k['us']:9.1f} us  {k['kernel']}")
     write_json(args.out, result)
     return 0
 

@@ -17,21 +17,21 @@ import argparse
 import gzip
 import json
 import os
+import pathlib
 import platform
 import shutil
 import time
 
 import torch
-from kernel_problem import make_problem, parse_shape, write_json
+from timed_calls import make_problem, parse_shape, write_json
 
 LAUNCH_EVENTS = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC")
 
 
 def machine_facts() -> dict:
     """CPU model, cores this process may use, load average, and the time of a fixed pure-Python loop (ms)."""
-    model = next(
-        (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?"
-    )
+    lines = pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "?")
     t0 = time.perf_counter()
     total = 0
     for i in range(1_000_000):

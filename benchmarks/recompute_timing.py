@@ -1,23 +1,21 @@
-"""Recompute (SRAM-bounded, seed 003) vs chunk backward: time and workspace on grid (a), for the lead's GPU runs.
+"""The recompute (SRAM-bounded) backward against the chunk backward: time and workspace on grid (a).
 
-Grid (a) of DESIGN §4: bf16, H = 16, K = V = 128, 65,536 tokens per call (batch = 65536 / T), T = 1K … 64K,
-TNL decay (``tnl_slopes(16, 0, 24)``; ``--no-decay`` for λ = 1). For each T and each backward (``chunk``,
-``recompute``) it measures, through the public API ``lightning_attn(..., backward=mode)``:
+Grid (a) as docs/design.md defines it: bf16, H = 16, K = V = 128, 65,536 tokens per call (batch = 65536 / T),
+T = 1K … 64K, TNL decay (``tnl_slopes(16, 0, 24)``; ``--no-decay`` for λ = 1). For each T and each backward
+(``chunk``, ``recompute``) it measures, through the public API ``lightning_attn(..., backward=mode)``:
 
 - ``bwd_ms``: ``torch.autograd.grad(o, (q, k, v), do)`` (median of ``triton.testing.do_bench``), i.e. the backward
   alone (the forward's graph is kept and reused);
 - ``fwdbwd_ms``: forward + backward;
 - ``workspace_mb``: peak memory allocated during the backward minus what was allocated before it and minus the
-  returned gradients, and ``workspace_frac`` = that over the size of one input tensor (DESIGN target: <= 0.25);
-- with ``--check``: relative L2 errors of dq, dk, dv against a float64 chunked reference (DESIGN §5: bf16 <= 5e-3).
+  returned gradients, and ``workspace_frac`` = that over the size of one input tensor (the target: <= 0.25);
+- with ``--check``: relative L2 errors of dq, dk, dv against the float64 chunked PyTorch path (the bf16 tolerance
+  of ``lightning_attention/utils/testing.py``: 5e-3).
 
 Prints one JSON line per measurement and a markdown table; ``--out FILE.json`` also writes all rows.
 
-    python benchmarks/recompute_timing.py                           # on an H100: the whole grid
-    python benchmarks/recompute_timing.py --seqlens 1024,65536 --check \
-        --out benchmarks/results/recompute_timing_h100.json
-
-Importable on a CPU-only machine (nothing touches CUDA at import); runs with torch 2.11 + triton 3.6.
+    python benchmarks/recompute_timing.py                           # the whole grid (a)
+    python benchmarks/recompute_timing.py --seqlens 2048,32768 --check --out recompute_timing.json
 """
 
 import argparse
@@ -26,6 +24,7 @@ import platform
 import sys
 
 import torch
+from timed_calls import float64_reference
 
 GRID_A_SEQLENS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
 TOKENS_PER_CALL = 65536
@@ -42,18 +41,6 @@ def _inputs(batch: int, seqlen: int, heads: int, dim: int, dtype: torch.dtype, d
     k = k * dim**-0.5
     slope = la.tnl_slopes(heads, 0, 24).cuda() if decay else None
     return q, k, v, do, slope
-
-
-def _reference_grads(q, k, v, do, slope):
-    """float64 gradients of (o·do).sum() through the chunked PyTorch reference, one batch row at a time."""
-    from lightning_attention.ops.lightning import naive
-
-    grads = []
-    for b in range(q.shape[0]):
-        leaves = [x[b : b + 1].detach().double().requires_grad_() for x in (q, k, v)]
-        o, _ = naive.chunk_lightning_attn(*leaves, slope)
-        grads.append(torch.autograd.grad(o, leaves, do[b : b + 1].double()))
-    return [torch.cat([g[i] for g in grads]) for i in range(3)]
 
 
 def measure(seqlen: int, mode: str, *, heads=16, dim=128, dtype=torch.bfloat16, decay=True, check=False) -> dict:
@@ -105,8 +92,8 @@ def measure(seqlen: int, mode: str, *, heads=16, dim=128, dtype=torch.bfloat16, 
         "workspace_frac": round(workspace / input_bytes, 4),
     }
     if check:
-        ref = _reference_grads(q, k, v, do, slope)
-        for name, g, r in zip(("dq", "dk", "dv"), grads, ref):
+        ref = float64_reference(q, k, v, do, slope)[1:]
+        for name, g, r in zip(("dq", "dk", "dv"), grads, ref, strict=True):
             row[f"err_{name}"] = float(f"{relative_error(g, r):.3e}")
     return row
 

@@ -12,9 +12,9 @@ slice and the replicated final state / dh0. The relative L2 error of the concate
 from per-rank sums of squares (one all-reduce). Loss: ``(o·do).sum() + (final·dht_r).sum()`` with
 ``Σ_r dht_r = dht``. The single-process ``lightning_attn`` on the full sequence (same dtype, same loss with ``dht``)
 is held against the same reference, so the report puts the SP error next to the error of the op it replaces
-(two low-precision results are never compared with each other, DESIGN §5). Cases: no decay, and TNL slopes
-(layer 0 of 2: strong decay on some heads). ``<out>/sp_check.json`` holds every error, the tolerance and ``passed``
-(SP within the tolerance of the input dtype).
+(two low-precision results are never compared with each other: docs/design.md, "Testing discipline"). Cases: no
+decay, and TNL slopes (layer 0 of 2: strong decay on some heads). ``<out>/sp_check.json`` holds every error, the
+tolerance and ``passed`` (SP within the tolerance of the input dtype).
 
 Smoke test anywhere: ``torchrun --standalone --nproc_per_node 2 benchmarks/sp_check_gpu.py --quick --out /tmp/sp``
 (CPU, gloo, the PyTorch path, T = 300, H = 2, K = V = 32, float32).

@@ -4,6 +4,10 @@ A registry of ops x named shape sets (:mod:`.registry`, :mod:`.providers`) measu
 (:mod:`.kernels`, :mod:`.decode`, :mod:`.model`, :mod:`.hybrid`), written as JSON (incrementally, see
 :mod:`.results`) and PNG (:mod:`.plots`), each output headed by the machine line (:mod:`.machine`).
 
+A recorded run (a folder of such JSON, e.g. one of ``benchmarks/results/``) is read back by :mod:`.run_folder`,
+checked against the performance targets by :mod:`.targets` and printed as the tables of ``docs/performance.md`` by
+``python -m lightning_attention.bench.tables DIR`` (:mod:`.tables`).
+
 The timing functions of other parts of the library live beside this harness and are wired in when present:
 ``decode_timing.py`` (decode kernel), ``model_timing.py`` (TNL vs LLaMA training), ``hybrid_timing.py`` (hybrid
 softmax/linear chunk attention). Nothing here is imported by the library itself.

@@ -87,7 +87,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p = sub.add_parser(name, help=help_text, description=help_text)
         _common(p)
         if name == "kernels":
-            p.add_argument("--grid", choices=("a", "b", "all"), default="all", help="grid (a) (a 65,536-token budget), (b) (batch 1, long sequences) or both")
+            p.add_argument(
+                "--grid", choices=("a", "b", "all"), default="all", help="grid (a), (b) or both (docs/design.md)"
+            )
             p.add_argument(
                 "--head-dims", type=_int_list, default=None, help="K = V values (default 128; 32 in --quick)"
             )

@@ -28,7 +28,7 @@ import lightning_attention as la
 from lightning_attention import settings
 from lightning_attention.bench.timing import graphed
 
-HBM_BYTES_PER_S = 3.0e12  # H100 80GB copy ceiling (3.02 TB/s measured)
+HBM_BYTES_PER_S = 3.0e12  # H100 80GB copy ceiling (3.02 TB/s, docs/design.md "Benchmark grids")
 
 
 def state_floor_us(batch: int, heads: int, k_dim: int, v_dim: int) -> float:

@@ -1,7 +1,7 @@
 """``lightning-attention bench kernels``: speed, memory, accuracy and cold start of every ``lightning_attn`` provider.
 
-For each head dim and grid (docs/design.md, "Numbers we hold ourselves to": (a) a 65,536-token budget with batch = 65536 / T, (b) batch 1 up to 1M tokens)
-and each provider (:mod:`.providers`), provider-major so a failing provider fails alone:
+For each head dim and grid (docs/design.md, "Benchmark grids": (a) a 65,536-token budget with batch = 65536 / T,
+(b) batch 1 up to 1M tokens) and each provider (:mod:`.providers`), provider-major so a failing provider fails alone:
 
 1. cold start: wall time of the first fwd+bwd call of a new shape class (compile + autotune), for ours and FLA;
 2. two warm-up calls, then fwd and fwd+bwd medians (``triton.testing.do_bench`` on CUDA);
@@ -130,7 +130,7 @@ def measure_case(
 
 def _graph_replay(prepared, shape: Shape, device: torch.device, warmup_ms: float, rep_ms: float) -> dict:
     """The fwd+bwd captured once in a CUDA graph and timed as replays: the device's time without the host's (launches,
-    autograd), which grid (b) may take out at batch 1. A provider that cannot be captured gets the reason
+    autograd), which the grid (b) target lets take out at batch 1. A provider that cannot be captured gets the reason
     instead of a time (its plain timing stands)."""
 
     def fresh_gradients():  # as the plain timing (grad_to_none): no accumulation into the previous call's .grad
@@ -162,7 +162,8 @@ def _resident_bytes(prepared, inputs) -> int:
 
 
 def measure_accuracy(provider: Provider, shape: Shape, device: torch.device, seed: int) -> dict:
-    """Relative L2 error of o, dq, dk, dv vs float64 from the same rounded inputs (docs/design.md, "Testing discipline")."""
+    """Relative L2 error of o, dq, dk, dv vs float64 from the same rounded inputs (docs/design.md, "Testing
+    discipline")."""
     record = {"provider": provider.name, **shape.to_json()}
     if not provider.computes_op:
         record.update(status="skipped", error="computes softmax attention, not this op")

@@ -1,6 +1,6 @@
 """FLOP, byte and floor formulas, workspace accounting and speedups (pure arithmetic, unit-tested).
 
-Conventions (docs/design.md, "Numbers we hold ourselves to"; docs/kernels.md, "Where the time goes"):
+Conventions (docs/design.md, "Benchmark grids"):
 
 - **HBM floor**: the bytes that must cross HBM at least once over the copy bandwidth measured in the same run.
   Forward reads q, k, v and writes o; the backward reads q, k, v, do and writes dq, dk, dv. With K = V = 128, bf16,

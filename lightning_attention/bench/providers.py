@@ -1,6 +1,6 @@
-"""The ``lightning_attn`` benchmark op, its providers and its shape sets (docs/design.md, "Numbers we hold ourselves to").
+"""The ``lightning_attn`` benchmark op, its providers and its shape sets (docs/design.md, "Benchmark grids").
 
-Providers (all computing ``lightning_attn``'s recurrence with scale 1 and λ = exp(-slope), except SDPA):
+Providers (all computing the op of docs/design.md, "Semantics", with scale 1 and λ = exp(-slope), except SDPA):
 
 ==================  =========================================================================================
 ``ours-chunk``      ``lightning_attention.lightning_attn(..., backward="chunk")``, Triton kernels (CUDA only)

@@ -67,7 +67,7 @@ def token_budget_shapes(
 
 @dataclasses.dataclass(frozen=True)
 class ShapeSet:
-    """A named grid of shapes, e.g. grid (a) or (b) of the kernel benchmark."""
+    """A named grid of shapes, e.g. grid (a) or (b) of docs/design.md."""
 
     name: str
     description: str

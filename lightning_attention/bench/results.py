@@ -1,4 +1,5 @@
-"""Where results go: a JSON document rewritten after every measurement, printed tables, the final JSON line.
+"""Where results go: a JSON document rewritten after every measurement, printed tables (plain and markdown), the final
+JSON line.
 
 Writing after every record means a run that dies half-way (a CUDA fault, the time limit) still leaves everything
 measured so far under ``--out``.
@@ -68,7 +69,35 @@ def fmt(value, spec: str = ".3g") -> str:
     return str(value)
 
 
+def num(x, digits: int = 3) -> str:
+    """A number for a markdown table: 3 significant digits, whole numbers from 100 up (1,185, not 1.18e+03); '-' for
+    None."""
+    if x is None:
+        return "-"
+    x = float(x)
+    if x == 0:
+        return "0"
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:#.{digits}g}"
+
+
+def times(x) -> str:
+    """A ratio: ``2.04×``; '-' for None."""
+    return "-" if x is None else f"{x:.2f}×"
+
+
+def sci(x) -> str:
+    """An error: ``2.65e-03``; '-' for None."""
+    return "-" if x is None else f"{x:.2e}"
+
+
+def md_table(headers: list[str], rows: list[list[str]]) -> str:
+    """A markdown table (the recorded tables of ``docs/performance.md``)."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
 def format_table(headers: list[str], rows: list[list[str]]) -> str:
+    """A plain-text table with right-aligned columns (what a benchmark prints as it runs)."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
     line = "  ".join(h.rjust(w) for h, w in zip(headers, widths))
     out = [line, "  ".join("-" * w for w in widths)]

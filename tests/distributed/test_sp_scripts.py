@@ -6,7 +6,6 @@ the JSON report under ``--out``, and the longest-sequence search stopping at the
 """
 
 import importlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,6 +15,7 @@ import types
 import pytest
 import torch
 
+from lightning_attention.bench import tables
 from lightning_attention.distributed.call_header import HEADER_BYTES
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -51,13 +51,11 @@ def test_sp_scripts_quick_on_cpu(tmp_path):
     assert longest["stopped_gpus_1"] == longest["stopped_gpus_2"] == "max_len"
     assert "machine_line" in scaling and scaling["elapsed_s"] > 0
 
-    # benchmarks/perf_tables.py reads both reports; a gloo run is a smoke test, never counted as the GPU measurement
-    spec = importlib.util.spec_from_file_location("perf_tables", os.path.join(BENCHMARKS, "perf_tables.py"))
-    perf_tables = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(perf_tables)
-    text = perf_tables.render(perf_tables.load_run(tmp_path))
+    # the run's tables read both reports; a gloo run is a smoke test, never counted as the GPU measurement
+    text = tables.render(tables.load_run(tmp_path))
     assert "T = 300, B = 1, H = 2, K = V = 32, float32, 2 ranks (gloo): passed = True" in text
-    assert "| 9 | communication per layer independent of T (and = prediction) | not measured |" in text
+    comm = "communication per layer independent of T (and = the prediction)"
+    assert f"| sequence parallel | {comm} | not measured |" in text
 
 
 def test_header_cost_script_quick_on_cpu(tmp_path):

@@ -1,0 +1,208 @@
+"""What ``benchmarks/guard.py`` measures: its points, grouped by the pinned launch configuration they run under, and
+the measurement of one group on the GPU.
+
+A group runs in a process of its own because a pin is the process's ``LIGHTNING_ATTENTION_KERNEL_CONFIG``, which
+some versions of the package read when they are imported. Every point uses only the public API (``lightning_attn``,
+``lightning_attn_decode``, ``tnl_slopes``, the model presets) and the timers of ``timed_calls.py``, so that two
+versions of the package are measured by the same code.
+
+Imports of torch, the package and ``timed_calls`` are inside the measuring functions: ``guard.py``'s parent process
+reads the points without importing either.
+
+Each point has a value (what is compared), and beside it the device time and the host time per call of the same
+call where they are known: a point whose host time is above its device time is launch-bound.
+"""
+
+import dataclasses
+import statistics
+import time
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One compared number: ``unit`` "ms", "us" or "tokens/s" (higher is better only for tokens/s)."""
+
+    name: str
+    group: str
+    what: str
+    unit: str
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.unit == "tokens/s"
+
+
+# group -> the pinned configuration of the chunk walks (None: the default plan and tuning)
+PINS = {
+    "k128": "BT=64,BV=64,num_warps=4,num_stages=4",
+    "k64": "BT=64,BV=64,num_warps=4,num_stages=2",
+    "k256": "BT=64,BV=32,num_warps=4,num_stages=3",
+    "decode": None,
+}
+HEADS = 16
+GRID_A_TOKENS = 65536  # grid (a): batch = 65536 / T
+GRID_A_K128 = (2048, 8192, 32768)
+HOST_SHAPE = (1, 1024)  # (B, T) of the host-time points: a small chunk call, bound by the host
+DECODE_BATCHES = (1, 64)
+MODEL_BATCH, MODEL_CONTEXT, MODEL_WARMUP, MODEL_STEPS = 16, 2048, 3, 10
+
+
+def _grid_points(group: str, dim: int, seqlens) -> list[Point]:
+    points = []
+    for T in seqlens:
+        B = GRID_A_TOKENS // T
+        for call, label in (("fwd", "forward"), ("fwdbwd", "forward + backward")):
+            what = f"grid (a) K = V = {dim}, T = {T}, B = {B}: {label}, do_bench median"
+            points.append(Point(f"a{dim}-T{T}-{call}", group, what, "ms"))
+    return points
+
+
+POINTS: tuple[Point, ...] = (
+    *_grid_points("k128", 128, GRID_A_K128),
+    Point("b128-T131072-fwdbwd", "k128", "grid (b) K = V = 128, T = 131072, B = 1: forward + backward", "ms"),
+    *(Point(f"host-T1024-{call}", "k128", f"host time per call, B = 1, T = 1024, K = V = 128: {label}", "us")
+      for call, label in (("fwd", "forward"), ("fwdbwd", "forward + backward"))),
+    *_grid_points("k64", 64, (8192,)),
+    Point("tnl40m-train", "k64", f"TNL 40m training step (bf16 autocast, AdamW), {MODEL_BATCH} x {MODEL_CONTEXT} "
+          "random tokens", "tokens/s"),
+    *_grid_points("k256", 256, (4096,)),
+    *(Point(f"decode-b{b}-{kind}", "decode", f"decode step, batch {b}, H = {HEADS}, K = V = 128, bf16, out= and "
+            f"state_indices: time per step, {how}", "us")
+      for b in DECODE_BATCHES
+      for kind, how in (("step", "CUDA events around a loop of steps"), ("wall", "wall clock (host included)"))),
+)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------- on the GPU
+
+
+def _chunk_point(fn, host_calls: int) -> dict:
+    from timed_calls import device_ms, host_ms
+
+    fn()
+    value = device_ms(fn, warmup=10, rep=60)
+    return {"value": value, "device": value, "host": host_ms(fn, calls=host_calls, loops=3)}
+
+
+def _host_point(fn) -> dict:
+    """Host µs per call, with the device µs of the same call as a CUDA-graph replay (do_bench if it cannot be
+    captured)."""
+    from timed_calls import device_ms, graph_ms, host_ms
+
+    fn()
+    host = host_ms(fn, calls=40, loops=5) * 1e3
+    device = graph_ms(fn, warmup=10, rep=60)
+    device = device_ms(fn, warmup=10, rep=60) if device is None else device
+    return {"value": host, "device": device * 1e3, "host": host}
+
+
+def _grid(dim: int, seqlens) -> dict:
+    from timed_calls import make_problem
+
+    out = {}
+    for T in seqlens:
+        problem = make_problem(GRID_A_TOKENS // T, T, HEADS, dim)
+        out[f"a{dim}-T{T}-fwd"] = _chunk_point(problem.fwd, host_calls=10)
+        out[f"a{dim}-T{T}-fwdbwd"] = _chunk_point(problem.fwd_bwd, host_calls=10)
+        del problem
+    return out
+
+
+def _model_tokens_per_s() -> dict:
+    """The training step of ``lightning-attention bench model`` written out here, not imported from the package's
+    ``bench/model_timing.py``: both packages must be timed by the same code."""
+    import torch
+    import torch.nn.functional as F
+
+    from lightning_attention.models.presets import model_config, model_from_config
+
+    torch.manual_seed(0)
+    model = model_from_config("tnl", model_config("tnl", "40m")).cuda().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    ids = torch.randint(0, model.config.vocab_size, (MODEL_BATCH, MODEL_CONTEXT + 1), device="cuda")
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(input_ids=ids[:, :-1], use_cache=False).logits
+        loss = F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    for _ in range(MODEL_WARMUP):
+        step()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(MODEL_STEPS):
+        step()
+    torch.cuda.synchronize()
+    tokens_per_s = MODEL_BATCH * MODEL_CONTEXT * MODEL_STEPS / (time.perf_counter() - t0)
+    # a step enqueues hundreds of kernels (it would fill the launch queue): its host time is not measured
+    return {"value": tokens_per_s, "device": None, "host": None}
+
+
+def _decode(batch: int, steps: int = 200, loops: int = 5) -> dict:
+    """The decode step of ``batch`` sequences in a pool of twice as many rows: µs per step from CUDA events around
+    ``steps`` steps, and from the wall clock (synchronised), each the median of ``loops`` loops; host µs per step
+    enqueued, and device µs per step of 20 steps replayed as a CUDA graph."""
+    import torch
+    from timed_calls import graph_ms, host_ms
+
+    import lightning_attention as la
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(batch, HEADS, 128, device="cuda", generator=gen).bfloat16() for _ in range(3))
+    k = k / 128**0.5
+    state = torch.zeros(2 * batch, HEADS, 128, 128, device="cuda")
+    rows = torch.randperm(2 * batch, generator=gen, device="cuda")[:batch].to(torch.int32)
+    out = torch.empty(batch, HEADS, 128, device="cuda", dtype=torch.bfloat16)
+    slope = la.tnl_slopes(HEADS, 0, 12).cuda()
+
+    def step():
+        return la.lightning_attn_decode(q, k, v, state, slope, state_indices=rows, out=out)
+
+    for _ in range(10):
+        step()
+    torch.cuda.synchronize()
+    events, walls = [], []
+    for _ in range(loops):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        start.record()
+        for _ in range(steps):
+            step()
+        end.record()
+        end.synchronize()
+        walls.append((time.perf_counter() - t0) / steps * 1e6)
+        events.append(start.elapsed_time(end) / steps * 1e3)
+    host = host_ms(step, calls=steps, loops=loops) * 1e3
+    device = graph_ms(step, steps=20, warmup=10, rep=60)
+    device = None if device is None else device * 1e3
+    return {
+        f"decode-b{batch}-step": {"value": statistics.median(events), "device": device, "host": host},
+        f"decode-b{batch}-wall": {"value": statistics.median(walls), "device": device, "host": host},
+    }
+
+
+def measure_group(group: str) -> dict[str, dict]:
+    """point name -> {"value", "device", "host"} (device and host in the point's unit, None where not measured) of
+    every point of ``group``, measured in this process (the pin is already in its environment)."""
+    if group == "k128":
+        from timed_calls import make_problem
+
+        out = _grid(128, GRID_A_K128)
+        b = make_problem(1, 131072, HEADS, 128)
+        out["b128-T131072-fwdbwd"] = _chunk_point(b.fwd_bwd, host_calls=10)
+        del b
+        small = make_problem(*HOST_SHAPE, HEADS, 128)
+        out["host-T1024-fwd"] = _host_point(small.fwd)
+        out["host-T1024-fwdbwd"] = _host_point(small.fwd_bwd)
+        return out
+    if group == "k64":
+        return {**_grid(64, (8192,)), "tnl40m-train": _model_tokens_per_s()}
+    if group == "k256":
+        return _grid(256, (4096,))
+    if group == "decode":
+        return {name: value for batch in DECODE_BATCHES for name, value in _decode(batch).items()}
+    raise ValueError(f"unknown group {group!r}; groups are {sorted(PINS)}")

@@ -1,0 +1,174 @@
+"""The calls the timing scripts in this folder time, and the three ways they time them.
+
+A problem (:func:`make_problem`): q, k, v ``[B, T, H, D]`` (bf16 unless asked otherwise) that require grad, an
+upstream gradient ``do``, TNL slopes (layer 0 of 12), and two calls: the forward under ``no_grad`` and the forward +
+``torch.autograd.grad`` w.r.t. q, k, v. The timers:
+
+- :func:`device_ms`: ``triton.testing.do_bench`` median (CUDA events around each call, L2 flushed before it): what
+  ``lightning-attention bench kernels`` reports. A call that waits on the host shows it only beyond the flush's time.
+- :func:`host_ms`: the host time to *enqueue* one call (a loop of calls without synchronisation, divided by their
+  number, after warm-up; median of a few loops). Above the device time, the GPU waits for the host.
+- :func:`graph_ms`: the call captured in a CUDA graph and replayed (device time without host time).
+
+Only the public API and PyTorch / Triton: ``benchmarks/guard.py`` times two versions of the package with this same
+code. Scripts import it as ``from timed_calls import ...`` (``python benchmarks/<script>.py`` puts this folder first
+on ``sys.path``).
+"""
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import triton.testing
+
+import lightning_attention as la
+
+
+@dataclass
+class Problem:
+    """q, k, v: ``[B, T, H, D]`` leaves; do: ``[B, T, H, D]``; slope: ``[H]``; fwd / fwd_bwd: the timed calls."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    do: torch.Tensor
+    slope: torch.Tensor
+    fwd: Callable[[], tuple]
+    fwd_bwd: Callable[[], tuple]
+
+
+def make_problem(B: int, T: int, H: int = 16, D: int = 128, dtype=torch.bfloat16, seed: int = 0) -> Problem:
+    """``fwd``: ``lightning_attn(q, k, v, slope)`` under no_grad; ``fwd_bwd``: forward + ``autograd.grad`` w.r.t.
+    q, k, v (no ``.grad`` accumulates, so repeated calls need no clearing)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    slope = la.tnl_slopes(H, 0, 12).cuda()
+    q, k, v, do = (torch.randn(B, T, H, D, device="cuda", dtype=dtype, generator=gen) for _ in range(4))
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+
+    def fwd():
+        with torch.no_grad():
+            return la.lightning_attn(q, k, v, slope)
+
+    def fwd_bwd():
+        o, _ = la.lightning_attn(q, k, v, slope)
+        return torch.autograd.grad(o, (q, k, v), do)
+
+    return Problem(q, k, v, do, slope, fwd, fwd_bwd)
+
+
+def device_ms(fn: Callable[[], object], warmup: int = 25, rep: int = 100) -> float:
+    """Median ms of ``fn()`` over ``rep`` ms of repetitions after ``warmup`` ms (``triton.testing.do_bench``)."""
+    return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def host_ms(fn: Callable[[], object], calls: int = 50, loops: int = 3) -> float:
+    """Host ms to enqueue one call of ``fn``: ``calls`` calls without a synchronisation in between, timed before the
+    closing synchronisation, divided by ``calls``; the median of ``loops`` such loops after one warm-up call.
+
+    Keep ``calls`` × launches per call well under the GPU's launch queue (about a thousand launches): a full queue
+    makes the host wait for the device and the loop measures the device instead."""
+    fn()
+    times = []
+    for _ in range(loops):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        t1 = time.perf_counter()  # before the synchronisation: host time only
+        torch.cuda.synchronize()
+        times.append((t1 - t0) / calls * 1e3)
+    return statistics.median(times)
+
+
+def capture(fn: Callable[[], object], steps: int = 1) -> torch.cuda.CUDAGraph:
+    """``steps`` calls of ``fn`` captured in one CUDA graph, after three warm-up calls on a side stream (which finish
+    any compiling and autotuning)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(steps):
+            fn()
+    return graph
+
+
+def graph_ms(fn: Callable[[], object], steps: int = 1, warmup: int = 10, rep: int = 100) -> float | None:
+    """Device ms of one call of ``fn`` as a CUDA-graph replay (``steps`` calls in the graph, time divided by them);
+    None, with the reason printed, when the call cannot be captured."""
+    try:
+        graph = capture(fn, steps)
+    except Exception as e:  # noqa: BLE001 - reported, not hidden: a call that cannot be captured is a finding
+        print(f"  graph capture failed: {type(e).__name__}: {e}", flush=True)
+        return None
+    return device_ms(graph.replay, warmup=warmup, rep=rep) / steps
+
+
+def float64_reference(q, k, v, do, slope, rows: int | None = None) -> tuple[torch.Tensor, ...]:
+    """(o, dq, dk, dv) of the first ``rows`` sequences (all: None) in float64 through the chunked PyTorch path, one
+    sequence at a time (its memory stays that of one sequence), for the loss ``(o · do).sum()``."""
+    # imported here, not at the top: guard.py measures versions of the package through this module and the public API
+    from lightning_attention.ops.lightning import naive
+
+    outs = []
+    for b in range(q.shape[0] if rows is None else rows):
+        leaves = [x[b : b + 1].detach().double().requires_grad_() for x in (q, k, v)]
+        o, _ = naive.chunk_lightning_attn(*leaves, slope)
+        outs.append((o.detach(), *torch.autograd.grad(o, leaves, do[b : b + 1].double())))
+    return tuple(torch.cat([out[i] for out in outs]) for i in range(4))
+
+
+def parse_shape(text: str, D: int = 128) -> tuple[int, int, int]:
+    """``"BxT"`` or ``"BxTxD"`` (the scripts' ``--shapes`` items) -> (B, T, D); D defaults to ``D``."""
+    dims = [int(x) for x in text.split("x")]
+    if len(dims) not in (2, 3):
+        raise ValueError(f"a shape is BxT or BxTxD, got {text!r}")
+    return dims[0], dims[1], dims[2] if len(dims) == 3 else D
+
+
+def add_settings_option(parser, help: str = "a setting for the whole run, repeatable") -> None:
+    """The scripts' ``--set NAME=VALUE`` option (a field of ``lightning_attention.settings.Settings``; read it with
+    :func:`settings_changes`)."""
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help=f"{help} (a lightning_attention.settings.Settings field, e.g. segment_len=0)")  # fmt: skip
+
+
+def settings_changes(items: list[str]) -> dict:
+    """``["segment_len=0", "kernel_config=BT=64,BV=64,num_warps=4,num_stages=2", "tma=0"]`` (the scripts' ``--set``)
+    -> keyword arguments of ``lightning_attention.settings.override``: each a field of ``settings.Settings``, booleans
+    as 0/1, ``none`` for None."""
+    import dataclasses
+    import typing
+
+    # imported here, not at the top: guard.py imports this module under versions of the package without settings
+    from lightning_attention.settings import Settings
+
+    fields = {f.name: f for f in dataclasses.fields(Settings)}
+    changes = {}
+    for item in items:
+        name, _, text = item.partition("=")
+        if name not in fields:
+            raise ValueError(f"--set {item!r}: {name!r} is not a setting; settings are {sorted(fields)}")
+        kind = fields[name].type
+        if text.strip().lower() == "none" and type(None) in typing.get_args(kind):
+            changes[name] = None
+        elif kind is bool:
+            changes[name] = text.strip().lower() in ("1", "true", "yes", "on")
+        elif int in (kind, *typing.get_args(kind)):
+            changes[name] = int(text)
+        else:  # str, and the kernel pin in its text form (override parses it)
+            changes[name] = text
+    return changes
+
+
+def write_json(path: str | None, result: dict) -> None:
+    """Writes ``result`` to ``path`` (indented) when a path is given."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
