@@ -37,7 +37,7 @@ def lightning_attn(
         q: ``[B, T, H, K]`` float16 / bfloat16 / float32 (float64 on the PyTorch path, for references).
         k: ``[B, T, H, K]``, dtype of q.
         v: ``[B, T, H, V]``, dtype of q. K ≠ V is allowed.
-        slope: ``[H]`` float32 >= 0 or ``None`` (no decay). Not learned (no gradient).
+        slope: ``[H]`` float32 >= 0 or ``None`` (no decay). Differentiable on every backend (a learned decay).
         scale: multiplies every output; default 1.0 (TNL / paper). FLA's default is ``K ** -0.5``.
         initial_state: ``[N, H, K, V]`` float32, N = B, or N = len(cu_seqlens) - 1 with ``cu_seqlens``.
         output_final_state: return the final state ``[N, H, K, V]`` float32 (else ``None``).
@@ -49,7 +49,8 @@ def lightning_attn(
     Returns:
         ``(o, final_state)``: o ``[B, T, H, V]`` in q.dtype; final_state ``[N, H, K, V]`` float32 or ``None``.
 
-    Gradients flow to q, k, v and initial_state, and through final_state.
+    Gradients flow to q, k, v, slope and initial_state, and through final_state (the slope's, on the Triton path,
+    from a float32 backward for 16-bit inputs: docs/design.md, "Gradients").
 
     Example::
 

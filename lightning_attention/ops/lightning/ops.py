@@ -12,6 +12,7 @@ import torch
 
 from lightning_attention import settings
 from lightning_attention.ops.lightning import naive
+from lightning_attention.ops.lightning.decay_grad import slope_gradient
 from lightning_attention.ops.lightning.decode_triton import decode_step_triton  # noqa: F401  (an entry point)
 from lightning_attention.ops.lightning.naive import compute_dtype
 from lightning_attention.ops.lightning.device import device_info
@@ -164,7 +165,8 @@ def recompute_bwd(q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_seqlens
 
 class LightningAttnFunction(torch.autograd.Function):
     """Autograd over the operators. Saves the inputs and, for segmented plans, the forward's segment states (<= 25%
-    of one input): the backward recomputes everything else, walk by walk."""
+    of one input): the backward recomputes everything else, walk by walk. The slope's gradient, when it is wanted,
+    comes from the other gradients (:mod:`~lightning_attention.ops.lightning.decay_grad`)."""
 
     @staticmethod
     @torch.amp.custom_fwd(device_type="cuda")
@@ -198,13 +200,23 @@ class LightningAttnFunction(torch.autograd.Function):
             do = torch.zeros(*q.shape[:-1], v.shape[-1], device=q.device, dtype=q.dtype)
         recompute = not ctx.inter_chunk and use_recompute_backward(ctx.backward_mode, device_info(q.device))
         bwd = recompute_bwd if recompute else chunk_bwd
+        learn_decay = ctx.needs_input_grad[3]
+        inputs = (q, k, v, do.to(q.dtype))
+        if learn_decay and q.element_size() < 4:
+            # the slope's gradient weighs every token's q·dq - k·dk by its position: the 16-bit walks' rounding,
+            # multiplied by the length, would swamp it, so the backward runs in float32 then (decay_grad.py)
+            inputs, seg_states = tuple(x.float() for x in inputs), None
         dq, dk, dv, dh0 = bwd(
-            q, k, v, do.to(q.dtype), dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, ctx.scale,
-            ctx.inter_chunk, seg_states,
-        )  # fmt: skip
+            *inputs, dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, ctx.scale, ctx.inter_chunk, seg_states
+        )
         if initial_state is None:
             dh0 = None
-        return dq, dk, dv, None, dh0, None, None, None, None, None, None
+        dslope = None
+        if learn_decay:
+            offsets = cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens
+            dslope = slope_gradient(*inputs[:2], dq, dk, initial_state, dh0, offsets)
+            dslope, dq, dk, dv = dslope.to(slope.dtype), dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+        return dq, dk, dv, dslope, dh0, None, None, None, None, None, None
 
 
 def _check_head_dims(q: torch.Tensor, v: torch.Tensor) -> None:
