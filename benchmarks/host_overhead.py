@@ -36,7 +36,7 @@ from timed_calls import (
 )
 
 from lightning_attention import settings
-from lightning_attention.ops.lightning import run
+from lightning_attention.ops.lightning import launches, run
 
 
 def _backward_program(problem):
@@ -101,7 +101,9 @@ def measure(B: int, T: int, H: int = 16, D: int = 128, calls: int = 50) -> dict:
     with torch.autograd.set_multithreading_enabled(False):
         row["fwd_bwd_host_ms_one_thread"] = host_ms(problem.fwd_bwd, calls)
     # a launcher off the direct path (it warned once) sends every launch through Triton: the first suspect
-    row["launchers_disabled"] = {launcher.name: launcher.disabled for launcher in run.launchers() if launcher.disabled}
+    row["launchers_disabled"] = {
+        launcher.name: launcher.disabled for launcher in launches.launchers() if launcher.disabled
+    }
     print(", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()), flush=True)
     return row
 

@@ -8,17 +8,17 @@ Per head, with λ = exp(-slope) (``slope=None``: λ = 1), a positive feature map
     o_t = (scale · φ(q_t))ᵀ S_t / ((scale · φ(q_t))ᵀ z_t + eps)
     final_state = (S_{T-1}, z_{T-1})
 
-Inclusive like ``lightning_attn`` (token t is in S_t and z_t before it is read), in the parallel path *and* in the decode
-step (seed 004's decode reads before it writes, and clamps where its parallel path adds: both fixed here). One eps
-form, ``den + eps``, everywhere. ``scale`` multiplies φ(q) (as in FLA's normalised linear attention): it cancels
+Inclusive like ``lightning_attn`` (token t is in S_t and z_t before it is read), in the parallel path *and* in the
+decode step (a decode that reads before it writes, or clamps where the parallel path adds, disagrees with the parallel
+path: neither happens here). One eps form, ``den + eps``, everywhere. ``scale`` multiplies φ(q) (as in FLA's normalised linear attention): it cancels
 between numerator and denominator except against eps.
 
 How it runs — the normaliser rides along with the values. With v' = [v, 1] (one extra value column of ones) the
 state of ``lightning_attn(φ(q), φ(k), v')`` is [S | z], and its output column V is φ(q)ᵀz: numerator and
 denominator come out of one call of the same kernels, forward and backward, no second kernel family.
 The kernels take V ≤ 256 (:data:`MAX_KERNEL_V`), so V = 256 cannot carry the extra column. Then
-(:func:`fused_normaliser` is False) the values go through one call with v as is and the normaliser through a second, narrow call whose values
-are :data:`NARROW_V` = 16 columns of ones (the kernels' smallest V; all 16 columns are equal, column 0 is used). We
+(:func:`fused_normaliser` is False) the values go through one call with v as is and the normaliser through a second,
+narrow call whose values are :data:`NARROW_V` = 16 columns of ones (the kernels' smallest V; all 16 columns are equal, column 0 is used). We
 chose this over splitting the values into two calls of 128 and 129 columns because (1) the narrow call adds only one
 narrow value tile (64 wide: kernels.configs.WALK_MIN_TILE), while a 129-wide call crosses a tile boundary and pays a
 second full-width tile; (2) v goes to

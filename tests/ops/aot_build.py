@@ -121,7 +121,8 @@ def build_walk(cc: int, dtype: str, DK: int, DV: int, cfg, flags: dict) -> dict:
         SKIP_FINAL=False, INTER_ONLY=False, INTER_APART=cfg.kwargs["INTER_APART"], **_precision_constexprs(dtype),
     )  # fmt: skip
     inter_only = bool(flags.get("INTER_ONLY", False))
-    # as a launch there (run._walk): tensor descriptors on sm_90+ for whole chunks, never in the inter-only mode
+    # as a launch there (launches.walk_launch): tensor descriptors on sm_90+ for whole chunks, never in the inter-only
+    # mode
     tma = constexprs["USE_TMA"] = cc >= TMA_MIN_CAPABILITY and not inter_only
     state_bytes = state_operand_bytes(INTER_PREC[dtype])
     estimate = estimate_shared_bytes(BT, BK, BV, cfg.num_stages, ELEM_BYTES[dtype], inter_only, tma, state_bytes)
@@ -163,7 +164,8 @@ def build_scan(cc: int, varlen: int) -> dict:
 
 def build_ws(kind: str, cc: int, DV: int, flags: dict) -> dict:
     """A two-warpgroup kernel (Gluon, ``kernels/walk_ws.py``: ``kind`` "walk_ws" or "state_ws", the pre-pass) as
-    ``run._walk_ws`` / ``run._state_ws`` launch it, with ``flags`` over the forward's defaults."""
+    ``launches._two_warpgroup_walk`` / ``launches._two_warpgroup_prepass`` launch it, with ``flags`` over the forward's
+    defaults."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from lightning_attention.ops.lightning.kernels import walk_ws

@@ -146,10 +146,10 @@ def test_every_chunk_launch_stays_on_the_direct_path(configure):
     default doubled K = 64's fwd+bwd)."""
     import warnings
 
-    from lightning_attention.ops.lightning import ops, plan, run
+    from lightning_attention.ops.lightning import launches, ops, plan
     from lightning_attention.ops.lightning.device import device_info
 
-    for launcher in run.launchers():
+    for launcher in launches.launchers():
         launcher.reset()  # another test may have disabled one on purpose
     B, T, H, K = 2, 4096, 4, 64
     q, k, v, h0, do, dht = _inputs(B, T, H, K, K, torch.bfloat16)
@@ -174,7 +174,7 @@ def test_every_chunk_launch_stays_on_the_direct_path(configure):
             for _ in range(3):
                 _fwd_bwd(*inputs, slope16)
     torch.cuda.synchronize()
-    used = [launcher for launcher in run.launchers() if launcher.entries]
+    used = [launcher for launcher in launches.launchers() if launcher.entries]
     names = {launcher.name for launcher in used}
     assert "lightning_attn segment scan" in names and any(n.startswith("lightning_attn dk/dv walk") for n in names)
     assert any(n.startswith("lightning_attn walk") for n in names)
@@ -202,7 +202,7 @@ def test_two_warpgroup_walk_against_float64_and_the_triton_walk(T, decay, scale,
     initial state and a final-state gradient, whole and in segments (the pre-pass on the segments, on pieces the plan
     picks, or on given pieces): against float64, and against the Triton walk (the gluon setting off) within the
     rounding of the bf16 outputs."""
-    from lightning_attention.ops.lightning import plan, run
+    from lightning_attention.ops.lightning import launches, plan
     from lightning_attention.ops.lightning.device import device_info
 
     if device_info(torch.device("cuda")).capability != 90 or not plan._walk_ws_available():
@@ -211,11 +211,11 @@ def test_two_warpgroup_walk_against_float64_and_the_triton_walk(T, decay, scale,
     B, H, K = 4, 16, 256  # 256 programs of two value tiles: more than half an H100's SMs, so the walk takes them
     slope = la.tnl_slopes(H, 0, 2).cuda() if decay == "tnl" else None
     inputs = _inputs(B, T, H, K, K, torch.bfloat16)
-    run._WALK_WS.reset()
-    run._STATE_WS.reset()
+    launches._WALK_WS.reset()
+    launches._STATE_WS.reset()
     got = _fwd_bwd(*inputs, slope, scale=scale)
-    assert run._WALK_WS.entries, "the two-warpgroup walk did not run"
-    assert bool(run._STATE_WS.entries) == bool(segment_len), "the two-warpgroup pre-pass ran or did not"
+    assert launches._WALK_WS.entries, "the two-warpgroup walk did not run"
+    assert bool(launches._STATE_WS.entries) == bool(segment_len), "the two-warpgroup pre-pass ran or did not"
     _compare(got, _reference(*inputs, slope, scale=scale), torch.bfloat16)
     configure(gluon=False)
     triton_walk = _fwd_bwd(*inputs, slope, scale=scale)

@@ -14,7 +14,11 @@ import lightning_attention as la
 from lightning_attention.compat.fla import chunk_lightning_attn, fused_recurrent_lightning_attn
 from lightning_attention.ops.hybrid import HybridDecodeState, hybrid_chunk_attn, hybrid_chunk_attn_decode
 from lightning_attention.ops.lightning.inter import lightning_attn_inter
-from lightning_attention.ops.normalized import new_normalized_state, normalized_linear_attn, normalized_linear_attn_decode
+from lightning_attention.ops.normalized import (
+    new_normalized_state,
+    normalized_linear_attn,
+    normalized_linear_attn_decode,
+)
 from lightning_attention.utils.testing import assert_close
 
 T, H, K, V = 40, 2, 16, 16

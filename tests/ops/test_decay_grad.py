@@ -42,8 +42,10 @@ def _slope_grad(q, k, v, h, cu, do, dht, slope, **kwargs):
 def _reference(q, k, v, h, cu, do, dht, slope):
     s64 = slope.double().to(DEVICE).requires_grad_()
     x64 = [x.detach().double() for x in (q, k, v)]
-    o, ht = naive.quadratic_lightning_attn(*x64, s64, scale=0.7, initial_state=None if h is None else h.detach().double(),
-                                           cu_seqlens=None if cu is None else cu.cpu())  # fmt: skip
+    h64 = None if h is None else h.detach().double()
+    o, ht = naive.quadratic_lightning_attn(
+        *x64, s64, scale=0.7, initial_state=h64, cu_seqlens=None if cu is None else cu.cpu()
+    )
     loss = (o * do.double()).sum() + ((ht * dht.double()).sum() if dht is not None else 0.0)
     (grad,) = torch.autograd.grad(loss, [s64], allow_unused=True)
     return torch.zeros_like(s64) if grad is None else grad

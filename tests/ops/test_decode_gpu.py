@@ -13,7 +13,7 @@ from lightning_attention.ops.lightning import naive
 from lightning_attention.ops.lightning import decode_triton
 from lightning_attention.ops.lightning.launch import Launcher
 from lightning_attention.utils.testing import assert_close
-from tests.ops.test_decode import fresh_dynamo_rules  # noqa: F401 (fixture)
+from tests.ops.test_decode import fresh_dynamo_rules  # noqa: F401, F811 (a fixture)
 from tests.ops.test_naive import make_slope
 
 pytestmark = pytest.mark.gpu

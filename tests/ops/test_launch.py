@@ -282,9 +282,9 @@ def test_plain_kernel_with_keyword_constexprs_and_fixed_grid():
 def test_interpreter_and_cpu_tensors_take_tritons_launch():
     """The real launchers under TRITON_INTERPRET=1 (CI): never a direct launch. (The Gluon kernels have no
     interpreter: they are only ever launched on an sm_90 GPU.)"""
-    from lightning_attention.ops.lightning import run
+    from lightning_attention.ops.lightning import launches
 
-    for launcher in run.launchers():
+    for launcher in launches.launchers():
         if "two warpgroups" in launcher.name:
             continue
         if isinstance(launcher.jit, klaunch.JITFunction):

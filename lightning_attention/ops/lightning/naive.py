@@ -86,8 +86,7 @@ def quadratic_lightning_attn(q, k, v, slope=None, *, scale=1.0, initial_state=No
     """
     if cu_seqlens is not None:
         return _per_sequence(quadratic_lightning_attn, q, k, v, slope, scale, initial_state, cu_seqlens)
-    B, T, H, K = q.shape
-    V = v.shape[-1]
+    T = q.shape[1]
     ct, qf, kf, vf, s, h0 = _in_compute_dtype(q, k, v, slope, initial_state)
 
     t = torch.arange(T, device=q.device, dtype=ct)

@@ -1,5 +1,5 @@
-"""The Triton path's entry points: :func:`lightning_attention.lightning_attn`'s ``torch.library`` operators and autograd,
-and the decode step (:func:`~lightning_attention.ops.lightning.decode_triton.decode_step_triton`, re-exported).
+"""The Triton path's entry points: :func:`lightning_attention.lightning_attn`'s ``torch.library`` operators and
+autograd, and the decode step (:func:`~lightning_attention.ops.lightning.decode_triton.decode_step_triton`, re-exported).
 
 Three operators (:mod:`~lightning_attention.ops.lightning.library`): ``chunk_fwd`` and ``chunk_bwd`` run the chunk
 programs (:mod:`~lightning_attention.ops.lightning.run`), ``recompute_bwd`` the SRAM-bounded backward

@@ -38,7 +38,6 @@ def packed_chunk_lightning_attn(q, k, v, s, h0, cu_seqlens, *, scale: float, chu
     """
     T, H, K = q.shape
     V = v.shape[-1]
-    N = h0.shape[0]
     if T == 0:  # every sequence is empty: each keeps its h0
         return v.new_zeros(0, H, V), h0
     C = chunk_size

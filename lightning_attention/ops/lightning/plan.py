@@ -14,7 +14,8 @@ settings. From it the functions here decide, without tensors or a GPU:
   operand precisions (:func:`precisions`).
 
 :mod:`~lightning_attention.ops.lightning.run` turns these decisions into the launch program of a call. Why the rules
-are what they are, with the measurements behind them: docs/kernels.md, "The segment plan" and "Pre-pass pieces and the scan".
+are what they are, with the measurements behind them: docs/kernels.md, "The segment plan" and
+"Pre-pass pieces and the scan".
 """
 
 import functools

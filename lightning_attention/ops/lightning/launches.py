@@ -1,0 +1,305 @@
+"""One launch of each chunk kernel, its arguments laid out from a problem's tensors: what the programs are built of.
+
+Every builder takes a :class:`~lightning_attention.ops.lightning.program.ProgramBuilder` and the
+:class:`~lightning_attention.ops.lightning.plan.ChunkProblem`, and records its launch with every shape, stride, flag
+and grid fixed; the tensors are :class:`~lightning_attention.ops.lightning.program.Ref`\ s, filled in per call. The
+plan's decisions (segments, kernel variants, candidate configurations) are asked here, launch by launch; the order of
+the launches of a pass is :mod:`~lightning_attention.ops.lightning.run`'s.
+"""
+
+import functools
+
+import torch
+
+from lightning_attention.ops.lightning.kernels import walk_ws
+from lightning_attention.ops.lightning.kernels.configs import (
+    cdiv,
+    dkdv_candidates,
+    inter_only_config,
+    inter_only_tile,
+    padded_dim,
+    state_operand_bytes,
+    walk_candidates,
+    walk_tile,
+)
+from lightning_attention.ops.lightning.kernels.dkdv_walk import dkdv_kernel, tuned_dkdv_kernel
+from lightning_attention.ops.lightning.kernels.walk import lightning_scan_kernel, tuned_walk_kernel, walk_kernel
+from lightning_attention.ops.lightning.launch import Launcher
+from lightning_attention.ops.lightning.library import pointers
+from lightning_attention.ops.lightning.naive import compute_dtype
+from lightning_attention.ops.lightning.plan import (
+    PrepassPieces,
+    SegmentPlan,
+    acc_dtype,
+    pin,
+    precisions,
+    prepass_pieces,
+    tma_ready,
+    use_walk_ws,
+    waves,
+)
+from lightning_attention.ops.lightning.program import ProgramBuilder, Ref
+from lightning_attention.ops.lightning.tma import ensure_allocator
+
+# launchers of the kernels launched with one configuration passed explicitly; the autotuned ones are made per
+# candidate list (_tuned)
+_WALK = Launcher(walk_kernel, "lightning_attn walk")
+_SCAN = Launcher(lightning_scan_kernel, "lightning_attn segment scan")
+_DKDV = Launcher(dkdv_kernel, "lightning_attn dk/dv walk")
+_LAUNCHERS = [_WALK, _SCAN, _DKDV]
+if walk_ws.lightning_walk_ws_kernel is not None:
+    _WALK_WS = Launcher(walk_ws.lightning_walk_ws_kernel, "lightning_attn walk (two warpgroups)")
+    _STATE_WS = Launcher(walk_ws.lightning_state_ws_kernel, "lightning_attn segment pre-pass (two warpgroups)")
+    _LAUNCHERS += [_WALK_WS, _STATE_WS]
+
+
+@functools.lru_cache(maxsize=None)
+def _tuned(kind: str, candidates: tuple) -> Launcher:
+    """The launcher of the walk (``kind`` "walk") or the fused dk/dv walk ("dkdv") autotuned over ``candidates``."""
+    kernel = tuned_walk_kernel(candidates) if kind == "walk" else tuned_dkdv_kernel(candidates)
+    name = "lightning_attn walk (tuned)" if kind == "walk" else "lightning_attn dk/dv walk (tuned)"
+    launcher = Launcher(kernel, name)
+    _LAUNCHERS.append(launcher)
+    return launcher
+
+
+def launchers() -> list[Launcher]:
+    """Every launcher the programs have used so far (tests check that they stay on the direct path)."""
+    return list(_LAUNCHERS)
+
+
+def _launch_tuned(b: ProgramBuilder, kind: str, plain: Launcher, candidates: tuple, per_tile: int, DV: int, args,
+                  constexprs: dict, x: Ref) -> None:  # fmt: skip
+    """A launch over ``candidates``: the plain kernel with the one configuration, or the autotuner over several; the
+    grid is ``per_tile`` programs per value tile (its width chosen by the configuration)."""
+    if len(candidates) == 1:
+        cfg = candidates[0]
+        constexprs = {**constexprs, **cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+        b.launch(plain, (cdiv(DV, cfg.kwargs.get("BV", DV)) * per_tile,), args, constexprs, x)
+        return
+    grid = (lambda meta: (cdiv(DV, meta["BV"]) * per_tile,)) if kind == "walk" else (per_tile,)
+    b.launch(_tuned(kind, candidates), grid, args, constexprs, x)
+
+
+def _strides(x: Ref | None) -> tuple:
+    return (0, 0, 0, 0) if x is None else x.stride()
+
+
+def walk_launch(
+    b, p, q, k, v, o, *, slope, h0, ht, states, plan, T, H, scale_intra, scale_inter, scale_upd, reverse,
+    state_only, inter_chunk=0, skip_final=False,
+):  # fmt: skip
+    """One launch of the chunk walk. q, k: [B, T, H, DK]; v: [B, T, H, DV]; o: [B, T, H, DV] (or None with
+    ``state_only``); h0/ht: [N, H, DK, DV] refs or None; states: [NSEG, H, DK, DV] ref or None.
+    ``inter_chunk`` > 0: the inter-only mode with chunks of that many tokens (BT fixed, no intra-chunk term).
+    ``skip_final`` (with ``state_only``): the last segment of each sequence in walk order stores zeros unread."""
+    DK, DV = q.shape[-1], v.shape[-1]
+    (o_,) = pointers(q, o)
+    # tensor descriptors need whole chunks: not the inter-only mode, whose chunks are shorter than its tile
+    use_tma = not (inter_chunk and not state_only) and tma_ready(p.device, p.settings, q, k, v, o_)
+    if use_tma and p.device.is_cuda:
+        b.call(ensure_allocator)
+    if use_walk_ws(p, DK, DV, plan, inter_chunk, use_tma):
+        if state_only:
+            _two_warpgroup_prepass(
+                b, k, v, states, slope=slope, plan=plan, T=T, H=H, scale_upd=scale_upd, reverse=reverse,
+                skip_final=skip_final,
+            )  # fmt: skip
+        else:
+            _two_warpgroup_walk(
+                b, q, k, v, o, slope=slope, h0=h0, ht=ht, states=states, plan=plan, T=T, H=H,
+                scale_intra=scale_intra, scale_inter=scale_inter, scale_upd=scale_upd, reverse=reverse,
+            )  # fmt: skip
+        return
+    dot_prec, inter_prec = precisions(q.dtype, p.settings.bf16_inter)
+    cu = _cu_seqlens(b) if plan.varlen == 1 else None
+    table = None if plan.seg_table is None else _segment_table(b, plan)
+    args = (
+        q, k, v, o_, *pointers(q, slope, h0, ht, states, cu, table),
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o_.stride()[:3],
+        *_strides(h0), *_strides(ht), *_strides(states),
+        float(scale_intra), float(scale_inter), float(scale_upd),
+        T, H, plan.per_seq, plan.seg_len, inter_chunk if not state_only else 0,
+        waves(p, cdiv(DV, 64) * H * plan.total),
+    )  # fmt: skip
+    constexprs = dict(
+        DK=DK, DV=DV, BK=walk_tile(DK),
+        VARLEN=plan.varlen,
+        REVERSE=reverse,
+        HAS_DECAY=slope is not None,
+        USE_H0=h0 is not None and not plan.segmented,
+        STORE_HT=ht is not None and not plan.segmented and not state_only,
+        SEG_IN=plan.segmented and not state_only,
+        STATE_ONLY=state_only,
+        SKIP_FINAL=state_only and skip_final,
+        INTER_ONLY=bool(inter_chunk) and not state_only,
+        USE_TMA=use_tma,
+        ACC=acc_dtype(q.dtype),
+        DOT_PREC=dot_prec,
+        INTER_PREC=inter_prec,
+    )  # fmt: skip
+    per_tile = H * plan.total
+    if inter_chunk and not state_only:  # the inter-only walk: one configuration (the pre-pass does not chunk)
+        cfg = inter_only_config(inter_only_tile(inter_chunk), DK, DV, pin(p))
+        constexprs.update(cfg.kwargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        b.launch(_WALK, (cdiv(DV, cfg.kwargs["BV"]) * per_tile,), args, constexprs, q)
+        return
+    candidates = walk_candidates(
+        DK, DV, q.element_size(), p.device.shared_per_block, state_only=state_only, tma=use_tma,
+        state_bytes=state_operand_bytes(inter_prec), pin=pin(p),
+    )  # fmt: skip
+    _launch_tuned(b, "walk", _WALK, candidates, per_tile, DV, args, constexprs, q)
+
+
+def _two_warpgroup_walk(
+    b, q, k, v, o, *, slope, h0, ht, states, plan, T, H, scale_intra, scale_inter, scale_upd, reverse
+):
+    """One launch of the two-warpgroup walk, with :func:`walk_launch`'s arguments (the cases ``plan.use_walk_ws``
+    allows)."""
+    DK, DV = q.shape[-1], v.shape[-1]
+    args = (
+        q, k, v, o, *pointers(q, slope, h0, ht, states),
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
+        *_strides(h0), *_strides(ht), *_strides(states),
+        float(scale_intra), float(scale_inter), float(scale_upd),
+        T, H, plan.per_seq, plan.seg_len,
+    )  # fmt: skip
+    constexprs = dict(
+        DK=DK, DV=DV, BT=walk_ws.WS_BT, BV=walk_ws.WS_BV, STAGES=walk_ws.WS_STAGES,
+        REVERSE=reverse,
+        HAS_DECAY=slope is not None,
+        USE_H0=h0 is not None and not plan.segmented,
+        STORE_HT=ht is not None and not plan.segmented,
+        SEG_IN=plan.segmented,
+        num_warps=walk_ws.WS_WARPS,
+    )  # fmt: skip
+    b.launch(_WALK_WS, (DV // (2 * walk_ws.WS_BV) * H * plan.total,), args, constexprs, q)
+
+
+def _two_warpgroup_prepass(b, k, v, states, *, slope, plan, T, H, scale_upd, reverse, skip_final):
+    """One launch of the two-warpgroup pre-pass: the local state of every segment of ``plan`` into ``states``."""
+    DK, DV = k.shape[-1], v.shape[-1]
+    args = (
+        k, v, *pointers(k, slope), states,
+        *k.stride()[:3], *v.stride()[:3], *_strides(states),
+        float(scale_upd), T, H, plan.per_seq, plan.seg_len,
+    )  # fmt: skip
+    constexprs = dict(
+        DK=DK, DV=DV, BT=walk_ws.WS_BT, BV=walk_ws.WS_BV, STAGES=walk_ws.WS_STATE_STAGES, REVERSE=reverse,
+        HAS_DECAY=slope is not None, SKIP_FINAL=skip_final, num_warps=walk_ws.WS_WARPS,
+    )  # fmt: skip
+    b.launch(_STATE_WS, (DV // (2 * walk_ws.WS_BV) * H * plan.total,), args, constexprs, k)
+
+
+def dkdv_launch(b, p, q, k, v, do, dk, dv, *, slope, dht, dh0, g_states, plan, T, H, scale, inter_chunk=0):
+    """One launch of the fused dk/dv reverse walk (kernels/dkdv_walk.py). q, k: [B, T, H, DK]; v, do: [B, T, H, DV];
+    dk, dv: outputs like k, v; dht/dh0: [N, H, DK, DV] or None; g_states: [NSEG, H, DK, DV] incoming G or None."""
+    DK, DV = q.shape[-1], v.shape[-1]
+    dot_prec, inter_prec = precisions(q.dtype, p.settings.bf16_inter)
+    fixed_bt = inter_only_tile(inter_chunk) if inter_chunk else 0
+    cu = _cu_seqlens(b) if plan.varlen == 1 else None
+    table = None if plan.seg_table is None else _segment_table(b, plan)
+    args = (
+        q, k, v, do, dk, dv, *pointers(q, slope, dht, dh0, g_states, cu, table),
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
+        *_strides(dht), *_strides(dh0), *_strides(g_states),
+        float(scale), T, H, plan.per_seq, plan.seg_len, inter_chunk,
+    )  # fmt: skip
+    constexprs = dict(
+        DK=DK, DV=DV, BK=padded_dim(DK), BV=padded_dim(DV),
+        VARLEN=plan.varlen,
+        HAS_DECAY=slope is not None,
+        USE_H0=dht is not None and not plan.segmented,
+        STORE_HT=dh0 is not None and not plan.segmented,
+        SEG_IN=plan.segmented,
+        INTER_ONLY=bool(inter_chunk),
+        ACC=acc_dtype(q.dtype),
+        DOT_PREC=dot_prec,
+        INTER_PREC=inter_prec,
+        **({"BT": fixed_bt} if fixed_bt else {}),
+    )  # fmt: skip
+    candidates = dkdv_candidates(
+        DK, DV, q.element_size(), state_operand_bytes(inter_prec), p.device.shared_per_block, fixed_bt, pin(p)
+    )
+    _launch_tuned(b, "dkdv", _DKDV, candidates, H * plan.total, padded_dim(DV), args, constexprs, q)
+
+
+def _scan_launch(b, states, pieces_states, pieces: PrepassPieces, *, slope, h0, ht, plan, N, H, T, reverse):
+    """Incoming state of every segment into ``states`` [NSEG, H, DK, DV] from the pre-pass's local states
+    ``pieces_states`` ([N·pieces.count, H, DK, DV], or ``states`` itself when pieces.split == 1); the final state
+    into ``ht``."""
+    DK, DV = states.shape[-2], states.shape[-1]
+    BK = min(64, padded_dim(DK))
+    BV = min(64, padded_dim(DV))
+    seq_segs = None if plan.seq_segs is None else _sequence_segments(b, plan)
+    table = None if plan.seg_table is None else _segment_table(b, plan)
+    args = (
+        states, pieces_states, *pointers(states, h0, ht, slope, seq_segs, table),
+        *states.stride(), *pieces_states.stride(), *_strides(h0), *_strides(ht),
+        T, H, plan.per_seq, plan.seg_len, pieces.count, pieces.piece_len, pieces.first, pieces.split,
+    )  # fmt: skip
+    constexprs = dict(
+        DK=DK, DV=DV, BK=BK, BV=BV,
+        VARLEN=plan.varlen,
+        REVERSE=reverse,
+        HAS_DECAY=slope is not None,
+        USE_H0=h0 is not None,
+        STORE_HT=ht is not None,
+        ACC=acc_dtype(states.dtype),
+        num_warps=4,
+    )  # fmt: skip
+    b.launch(_SCAN, (N * H, cdiv(DK, BK), cdiv(DV, BV)), args, constexprs, states)
+
+
+def _prepass_launch(b, p, k, v, states, pieces: PrepassPieces, *, slope, plan, N, H, T, scale_upd, reverse, skip_final):
+    """The pre-pass (a STATE_ONLY walk over (k, v)): the local state of every walk segment, in place in ``states``
+    [NSEG, H, DK, DV] (``pieces.split == 1``), or of every piece, into a buffer of its own [N·pieces.count, H, DK,
+    DV] that lives until the scan. Returns where the local states are."""
+    if pieces.split == 1:
+        local = states
+    else:
+        local = b.alloc((N * pieces.count, *states.shape[1:]), states.dtype)
+        plan = SegmentPlan(varlen=0, segmented=True, total=N * pieces.count, per_seq=pieces.count,
+                           seg_len=pieces.piece_len)  # fmt: skip
+        k = b.narrow(k, 1, pieces.lo, pieces.hi - pieces.lo)
+        v = b.narrow(v, 1, pieces.lo, pieces.hi - pieces.lo)
+        T = pieces.hi - pieces.lo
+        skip_final = False  # a skipped segment's tokens are outside [lo, hi)
+    walk_launch(
+        b, p, k, k, v, None, slope=slope, h0=None, ht=None, states=local, plan=plan, T=T, H=H, scale_intra=1.0,
+        scale_inter=1.0, scale_upd=scale_upd, reverse=reverse, state_only=True, skip_final=skip_final,
+    )  # fmt: skip
+    return local
+
+
+def segmented_states(b, p, k, v, *, slope, h0, ht, plan, N, H, T, scale_upd, reverse):
+    """Pre-pass + scan: [NSEG, H, DK, DV] incoming states of the walk over (k, v); writes the final state to ht.
+
+    Without ``ht`` the pre-pass skips each sequence's last segment in walk order (its local state only feeds the
+    final state): at 2 segments per sequence that halves the pre-pass's reads. On fixed-length batches the pre-pass
+    may run on pieces of the segments (``plan.prepass_pieces``)."""
+    states = b.alloc((plan.total, H, k.shape[-1], v.shape[-1]), compute_dtype(k.dtype))
+    skip_final = ht is None
+    pieces = prepass_pieces(p, plan, skip_final, reverse)
+    local = _prepass_launch(
+        b, p, k, v, states, pieces, slope=slope, plan=plan, N=N, H=H, T=T, scale_upd=scale_upd, reverse=reverse,
+        skip_final=skip_final,
+    )  # fmt: skip
+    _scan_launch(b, states, local, pieces, slope=slope, h0=h0, ht=ht, plan=plan, N=N, H=H, T=T, reverse=reverse)
+    return states
+
+
+def _cu_seqlens(b: ProgramBuilder) -> Ref:
+    return b.refs["cu_seqlens"]
+
+
+def _segment_table(b: ProgramBuilder, plan: SegmentPlan) -> Ref:
+    if "seg_table" not in b.refs:
+        b.refs["seg_table"] = b.constant(plan.seg_table, torch.int32)
+    return b.refs["seg_table"]
+
+
+def _sequence_segments(b: ProgramBuilder, plan: SegmentPlan) -> Ref:
+    if "seq_segs" not in b.refs:
+        b.refs["seq_segs"] = b.constant(plan.seq_segs, torch.int32)
+    return b.refs["seq_segs"]
