@@ -79,7 +79,7 @@ def decoder_blocks(model: nn.Module) -> list[nn.Module]:
 
 
 def parallelize(model: nn.Module, layout: Layout, strategy: str, device: torch.device, *,
-                compile: bool = False) -> nn.Module:
+                compile: bool = False, compile_backend: str = "inductor") -> nn.Module:
     """Prepares ``model`` (on ``device``, activation checkpointing already enabled if wanted) for training; returns
     the module to call in the training loop.
 
@@ -92,7 +92,7 @@ def parallelize(model: nn.Module, layout: Layout, strategy: str, device: torch.d
     blocks = decoder_blocks(model)
     if compile:
         for block in blocks:
-            block.compile()
+            block.compile(backend=compile_backend)
     if layout.mesh is None:
         return model
     if strategy == "fsdp":

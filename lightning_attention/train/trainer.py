@@ -60,12 +60,13 @@ def _device(cfg: TrainConfig, info: dist_utils.DistInfo) -> torch.device:
     name = cfg.device
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and info.enabled:
-        name = f"cuda:{info.local_rank}"
+    if name == "cuda":
+        name = f"cuda:{info.local_rank}"  # an explicit index: DDP and the DeviceMesh place their work by it
     return torch.device(name)
 
 
-def _autocast(cfg: TrainConfig, device: torch.device):
+def autocast_context(cfg: TrainConfig, device: torch.device):
+    """``cfg.dtype``'s autocast on ``device`` ("auto": bf16 on CUDA, none on CPU)."""
     dtype = cfg.dtype
     if dtype == "auto":
         dtype = "bfloat16" if device.type == "cuda" else "float32"
@@ -74,7 +75,9 @@ def _autocast(cfg: TrainConfig, device: torch.device):
     return torch.autocast(device_type=device.type, dtype=getattr(torch, dtype))
 
 
-def _optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW of the run (``cfg.lr``, ``cfg.weight_decay``) over ``model``'s parameters, as they are: build it after
+    :func:`prepare_model` (FSDP2 replaces the parameters by their shards)."""
     # weight decay on matrices (projections, embeddings) only; not on LRPE angles, norm weights or biases
     decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2 and p.shape[-2] != 1]
     keep = [p for p in model.parameters() if p.requires_grad and not (p.ndim >= 2 and p.shape[-2] != 1)]
@@ -161,12 +164,12 @@ def enable_activation_checkpointing(model) -> None:
 
 
 def prepare_model(model, layout: parallel.Layout, device: torch.device, *, data_parallel: str = "ddp",
-                  gradient_checkpointing: bool = False, compile: bool = False):
+                  gradient_checkpointing: bool = False, compile: bool = False, compile_backend: str = "inductor"):
     """Activation checkpointing first (PyTorch's order: before ``torch.compile`` and ``fully_shard``), then
     :func:`~lightning_attention.train.parallel.parallelize`; returns the module to call in the training loop."""
     if gradient_checkpointing:
         enable_activation_checkpointing(model)
-    return parallel.parallelize(model, layout, data_parallel, device, compile=compile)
+    return parallel.parallelize(model, layout, data_parallel, device, compile=compile, compile_backend=compile_backend)
 
 
 def train(cfg: TrainConfig) -> TrainResult:
@@ -270,7 +273,7 @@ def _train(cfg: TrainConfig, info: dist_utils.DistInfo) -> TrainResult:
         model.to(device)
     net = prepare_model(model, layout, device, data_parallel=cfg.data_parallel,
                         gradient_checkpointing=cfg.gradient_checkpointing, compile=cfg.compile)
-    optimizer = _optimizer(model, cfg)  # over the parameters as the strategy left them (FSDP2: this rank's shards)
+    optimizer = make_optimizer(model, cfg)  # over the parameters as the strategy left them (FSDP2: this rank's shards)
     scheduler = get_cosine_with_min_lr_schedule_with_warmup(optimizer, num_warmup_steps=cfg.warmup,
                                                             num_training_steps=cfg.steps, min_lr_rate=cfg.min_lr_ratio)
     if state is not None:
@@ -284,7 +287,7 @@ def _train(cfg: TrainConfig, info: dist_utils.DistInfo) -> TrainResult:
         result.train_losses = list(history["train"])
         result.val_losses = [tuple(x) for x in history["val"]]
         result.val_bits_per_byte = [tuple(x) for x in history["val_bits_per_byte"]]
-    autocast = _autocast(cfg, device)
+    autocast = autocast_context(cfg, device)
 
     def write_files(folder: str) -> None:
         hyperparameters = save_optimizer_state(os.path.join(folder, OPTIMIZER_FOLDER), model, optimizer)
