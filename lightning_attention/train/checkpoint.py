@@ -23,7 +23,8 @@ too: the optimizer's reader takes every file of its folder.
 
 A save never touches the last good checkpoint until the new one is complete: every file is written into a fresh
 private folder inside ``<out>`` (``.staging-<random>``, so no fixed temporary name can be planted; under torchrun
-rank 0 creates it and every rank writes its optimizer shard there), flushed to disk (fsync), hashed, and only then
+rank 0 creates it and every rank writes its optimizer shard there: across machines ``<out>`` must be on a file system
+they share), flushed to disk (fsync), hashed, and only then
 renamed into place, the manifest last; the checkpoint it replaces is first kept in ``previous/`` (hard links, no
 copy). A process killed while writing leaves the old checkpoint in place; killed in the middle of the renames, the
 manifest no longer matches and ``previous/`` still holds the last good one.

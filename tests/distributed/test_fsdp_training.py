@@ -1,6 +1,6 @@
 """``train(data_parallel="fsdp")`` on gloo ranks: FSDP2 over a ("dp", "sp") DeviceMesh trains like one process, and
 its checkpoints resume exactly at the same world size and within float rounding at another one (4 ranks -> 2,
-FSDP-only -> sequence parallel, one process -> FSDP2 on 2 ranks).
+FSDP-only -> sequence parallel, one process -> FSDP2 on 2 ranks) or under DDP.
 
 Every run is a few steps of the smoke preset with the same global batch of 4 sequences: one process with batch 4,
 FSDP2 on 2 ranks with batch 2 each, FSDP2 over dp 2 x sp 2 on 4 ranks with batch 2 per replica. Two spawned jobs
@@ -17,16 +17,21 @@ from safetensors.torch import load_file
 
 from lightning_attention.train import TrainConfig, train
 from lightning_attention.train.checkpoint import load_pretrained, load_training_state, verify_checkpoint
+from lightning_attention.train.data import load_text, split_text, validation_batches
+from lightning_attention.train.tokenizer import encode_corpus, resolve_tokenizer
 from tests.distributed._workers import spawn
 
 STEPS, SAVE_EVERY = 4, 2
+# 9 validation windows: 2 data-parallel ranks hold 5 and 4 of them, 3 and 2 batches of 2, and must still run the
+# same number of forward passes (FSDP2 all-gathers parameters in each)
+VALIDATION = {"val_fraction": 0.01, "eval_batches": 8}
 ROUNDING = {"rtol": 2e-5, "atol": 0}  # the same arithmetic, gradient sums in another order
 
 
 def _cfg(out, **options) -> TrainConfig:
     """The runs' shared options: 4 steps, a checkpoint (and a validation) every 2, a global batch of 4."""
     return TrainConfig.smoke(steps=STEPS, save_every=SAVE_EVERY, eval_every=SAVE_EVERY, progress=False,
-                             out=str(out), **options)
+                             out=str(out), **VALIDATION, **options)
 
 
 def _record(result) -> dict:
@@ -57,8 +62,10 @@ def _two_ranks(rank, world_size, workdir) -> dict:
     # saved by one process (batch 4), resumed under FSDP2 on 2 ranks (batch 2 each)
     from_single = train(_cfg(runs / "from-single", data_parallel="fsdp", batch_size=4,
                              resume=str(runs / "single" / "previous")))
-    return {name: _record(r) for name, r in
-            (("fsdp", fsdp), ("from_mesh", from_mesh), ("to_sp", to_sp), ("from_single", from_single))}
+    # saved by FSDP2, resumed by DDP on the same ranks: sharded optimizer state into full replicas
+    to_ddp = train(_cfg(runs / "to-ddp", data_parallel="ddp", batch_size=2, resume=str(runs / "fsdp" / "previous")))
+    return {name: _record(r) for name, r in (("fsdp", fsdp), ("from_mesh", from_mesh), ("to_sp", to_sp),
+                                             ("from_single", from_single), ("to_ddp", to_ddp))}
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +84,14 @@ def _close(got: dict, ref: dict, steps=slice(None)) -> None:
     assert ref_val and set(ref_val) == set(got_val)
     torch.testing.assert_close(torch.tensor([got_val[s] for s in sorted(ref_val)]),
                                torch.tensor([ref_val[s] for s in sorted(ref_val)]), **ROUNDING)
+
+
+def test_the_ranks_hold_unequal_numbers_of_validation_batches():
+    cfg = _cfg("unused", batch_size=2)
+    _, val_text = split_text(load_text(cfg.data, max_chars=cfg.max_chars), cfg.val_fraction)
+    tokens = encode_corpus(resolve_tokenizer("bytes"), val_text)
+    counts = [len(validation_batches(tokens, cfg.context, 2, cfg.eval_batches, rank, 2)) for rank in range(2)]
+    assert counts == [3, 2]
 
 
 def test_every_rank_reports_the_same_run(runs):
@@ -100,7 +115,7 @@ def test_resume_at_the_same_world_size_is_bit_exact(runs):
 
 
 @pytest.mark.parametrize("name, reference", [("from_mesh", ("four", "straight")), ("to_sp", ("two", "fsdp")),
-                                             ("from_single", ("single",))])
+                                             ("from_single", ("single",)), ("to_ddp", ("two", "fsdp"))])
 def test_resume_at_another_world_size_continues_the_run(runs, name, reference):
     """The steps before the checkpoint come from it unchanged; the ones after equal the uninterrupted run's."""
     ref = runs[reference[0]] if len(reference) == 1 else runs[reference[0]][0][reference[1]]
