@@ -146,8 +146,7 @@ def measure(conf: dict, args, info: dist_utils.DistInfo, device: torch.device, l
     record["losses"] = [float(x) for x in losses]
     if device.type == "cuda":
         record["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / GIB
-    del net, model, optimizer, batch, losses
-    return record
+    return record  # the model, its optimizer and graphs go with this frame; the next configuration frees them
 
 
 def _gather(record: dict, info: dist_utils.DistInfo) -> list[dict]:

@@ -10,8 +10,7 @@ import torch
 import torch._dynamo.utils as dynamo_utils
 from torch import nn
 
-from lightning_attention.train import TrainConfig, train
-from lightning_attention.train import parallel
+from lightning_attention.train import TrainConfig, parallel, train
 
 
 def test_compile_captures_every_block_whole_under_fsdp_with_checkpointing(tmp_path, monkeypatch):
@@ -26,7 +25,7 @@ def test_compile_captures_every_block_whole_under_fsdp_with_checkpointing(tmp_pa
     eager = train(TrainConfig.smoke(out=str(tmp_path / "eager"), steps=3, progress=False))
     torch._dynamo.reset()
     dynamo_utils.counters.clear()
-    options = dict(steps=3, progress=False, compile=True, data_parallel="fsdp", gradient_checkpointing=True)
+    options = {"steps": 3, "progress": False, "compile": True, "data_parallel": "fsdp", "gradient_checkpointing": True}
     result = train(TrainConfig.smoke(out=str(tmp_path / "compiled"), **options))
     assert compiled == ["TransNormerDecoderLayer"] * 2  # the smoke preset's two blocks, nothing else
     assert dynamo_utils.counters["stats"]["unique_graphs"] >= 1
