@@ -312,6 +312,7 @@ def _train(cfg: TrainConfig, info: dist_utils.DistInfo) -> TrainResult:
             f"{', FSDP2' if cfg.data_parallel == 'fsdp' else ''}), {len(train_tokens):,} training "
             f"tokens ({cfg.tokenizer if source is None else 'checkpoint'} tokenizer, {len(tokenizer)} ids), "
             f"context {cfg.context}, batch {cfg.batch_size * layout.dp_world}"
+            f"{f' ({layout.dp_world} replicas x {cfg.batch_size})' if layout.dp_world > 1 else ''}"
             f"{f', sequence parallel over {cfg.sequence_parallel} ranks' if layout.sp_group is not None else ''}, "
             f"steps {result.step}->{cfg.steps}")
     bar = tqdm(total=cfg.steps, initial=result.step, disable=not (cfg.progress and info.is_main), desc="train",
