@@ -66,7 +66,7 @@ def test_help_shows_the_real_defaults(capsys):
         main(["train", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "(default: None)" not in text
-    assert "(default: the preset's: smoke 32, tiny 128, 40m 512)" in text  # --d-model
+    assert "(default: the preset's: smoke 32, tiny 128, 40m 512, 400m 1024)" in text  # --d-model
     assert f"(default: {TrainConfig().steps}; {SMOKE['steps']} with --smoke)" in text  # --steps
     assert "(default: checkpoints/<arch>; checkpoints/<arch>-smoke with --smoke)" in text  # --out
 

@@ -1,47 +1,69 @@
-"""Process groups for sequence parallelism composed with data parallelism, and sharding a batch along T.
+"""The ("dp", "sp") device mesh of sequence parallelism composed with data parallelism, and sharding a batch along T.
 
-With world size W = sp_size · dp_size, ranks are laid out as a grid ``rank = dp_index · sp_size + sp_rank``:
+With world size W = dp_size · sp_size, ranks are laid out as a grid ``rank = dp_index · sp_size + sp_rank``, one
+:class:`torch.distributed.device_mesh.DeviceMesh` with named dimensions:
 
-    sequence-parallel groups (contiguous):  {0, 1, …, sp-1}, {sp, …, 2sp-1}, …     one replica of the model each
-    data-parallel groups (strided):         {0, sp, 2sp, …}, {1, sp+1, …}, …       same slice position, other data
+    "sp" (inner, contiguous):  {0, 1, …, sp-1}, {sp, …, 2sp-1}, …     one model replica each, its sequences split
+    "dp" (outer, strided):     {0, sp, 2sp, …}, {1, sp+1, …}, …       same slice position, other data
 
 Contiguous SP groups keep one sequence on neighbouring GPUs (the same node when sp_size ≤ GPUs per node), where the
-per-layer state all-gather is cheapest; gradients are then averaged over the DP group, as DDP would.
+per-layer state all-gather is cheapest. Every rank computes its loss on different tokens, so gradients are averaged
+over all W ranks: over the flattened ("dp", "sp") dimension, which is where data parallelism (DDP or FSDP2) runs.
 """
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+MESH_DIMS = ("dp", "sp")
+DATA_PARALLEL_DIM = "dp_sp"  # the flattened ("dp", "sp") dimension: every rank, in rank order
+
+
+def _check_initialised(name: str) -> None:
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(f"{name} needs torch.distributed.init_process_group first")
+
+
+def init_training_mesh(sp_size: int, device_type: str | None = None) -> DeviceMesh:
+    """The 2-D ``("dp", "sp")`` mesh of every rank of the default group, ``sp_size`` ranks per sequence.
+
+    Must be called by every rank (creating the groups is collective), after ``init_process_group``. ``sp_size`` must
+    divide the world size; ``sp_size == 1`` gives SP groups of one rank and one DP group of all ranks.
+    ``device_type``: the mesh's device type ("cuda" or "cpu"; default "cuda" when the default group runs NCCL).
+
+    Use ``mesh["sp"].get_group()`` as the ``sequence_parallel_group`` of the TNL layers, ``mesh["dp"]`` for this
+    rank's data-parallel index, and :func:`data_parallel_mesh` for the 1-D mesh that DDP or FSDP2 reduces over.
+    """
+    _check_initialised("init_training_mesh")
+    if isinstance(sp_size, bool) or not isinstance(sp_size, int) or sp_size < 1:
+        raise ValueError(f"sp_size must be a positive int, got {sp_size!r}")
+    world_size = dist.get_world_size()
+    if world_size % sp_size != 0:
+        raise ValueError(f"sp_size must divide the world size {world_size}, got {sp_size}")
+    if device_type is None:
+        device_type = "cuda" if "nccl" in str(dist.get_backend()).lower() else "cpu"
+    return init_device_mesh(device_type, (world_size // sp_size, sp_size), mesh_dim_names=MESH_DIMS)
+
+
+def data_parallel_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The 1-D mesh of all ranks of a :func:`init_training_mesh` mesh, the ``("dp", "sp")`` dimensions flattened.
+
+    DeviceMesh's ``_flatten`` is the way PyTorch composes context parallelism with FSDP2 (TorchTitan's
+    ``dp_shard_cp``): a view of the same mesh, so DTensors on it and on the 2-D mesh share one root.
+    """
+    return mesh[MESH_DIMS]._flatten(DATA_PARALLEL_DIM)
 
 
 def init_sequence_parallel(sp_size: int) -> tuple["dist.ProcessGroup", "dist.ProcessGroup"]:
-    """Creates the sequence- and data-parallel groups of the default group; returns this rank's ``(sp, dp)`` pair.
+    """This rank's ``(sp, dp)`` process groups of :func:`init_training_mesh`'s mesh.
 
-    Must be called by every rank of the default group (``torch.distributed.new_group`` is collective), after
-    ``init_process_group``. ``sp_size`` must divide the world size; ``sp_size == 1`` gives SP groups of one rank
-    (then ``lightning_attn_sp`` is the single-device op) and one DP group of all ranks.
+    Must be called by every rank of the default group (collective), after ``init_process_group``. ``sp_size`` must
+    divide the world size; ``sp_size == 1`` gives SP groups of one rank (then ``lightning_attn_sp`` is the
+    single-device op) and one DP group of all ranks.
     """
-    if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError("init_sequence_parallel needs torch.distributed.init_process_group first")
-    if isinstance(sp_size, bool) or not isinstance(sp_size, int) or sp_size < 1:
-        raise ValueError(f"sp_size must be a positive int, got {sp_size!r}")
-    world_size, rank = dist.get_world_size(), dist.get_rank()
-    if world_size % sp_size != 0:
-        raise ValueError(f"sp_size must divide the world size {world_size}, got {sp_size}")
-    dp_size = world_size // sp_size
-
-    sp_group = dp_group = None
-    # new_group is collective: every rank creates every group, in the same order, and keeps its own.
-    for dp_index in range(dp_size):
-        ranks = list(range(dp_index * sp_size, (dp_index + 1) * sp_size))
-        group = dist.new_group(ranks)
-        if rank in ranks:
-            sp_group = group
-    for sp_rank in range(sp_size):
-        ranks = list(range(sp_rank, world_size, sp_size))
-        group = dist.new_group(ranks)
-        if rank in ranks:
-            dp_group = group
-    return sp_group, dp_group
+    _check_initialised("init_sequence_parallel")
+    mesh = init_training_mesh(sp_size)
+    return mesh["sp"].get_group(), mesh["dp"].get_group()
 
 
 def sequence_bounds(length: int, rank: int, world_size: int) -> tuple[int, int]:

@@ -10,6 +10,10 @@ preset    d      layers  heads  TNL glu   LLaMA ffn   use
 smoke     32     2       2      64        75          CI: a handful of steps in seconds
 tiny      128    4       4      352       395         default of ``lightning-attention train`` (2-core CPU, minutes)
 40m       512    12      8      1408      1579        TNL vs LLaMA comparisons on a GPU (≈42M parameters)
+400m      1024   24      8      2816      3157        the paper's smallest TNL (TransNormerLLM-385M's shape):
+                                                      333M parameters in the blocks, 334M with the byte
+                                                      tokenizer, 465M with the released 64000-token vocabulary
+                                                      (untied embedding and head)
 ========  =====  ======  =====  ========  ==========  =========================================================
 """
 
@@ -21,6 +25,7 @@ PRESETS: dict[str, dict] = {
     "smoke": dict(d_model=32, n_layers=2, n_heads=2, ffn_dim=64),
     "tiny": dict(d_model=128, n_layers=4, n_heads=4, ffn_dim=352),
     "40m": dict(d_model=512, n_layers=12, n_heads=8, ffn_dim=1408),
+    "400m": dict(d_model=1024, n_layers=24, n_heads=8, ffn_dim=2816),
 }
 
 

@@ -3,24 +3,31 @@
 Layout of ``<out>/`` (``lightning-attention train --out <out>``)::
 
     config.json, generation_config.json   the model config (``save_pretrained``)
-    model.safetensors                     the weights (``save_pretrained``)
+    model.safetensors                     the full weights (``save_pretrained``; gathered to rank 0 under FSDP2)
     tokenizer.json, tokenizer_config.json the tokenizer (its ``save_pretrained``)
-    training_state.pt                     optimizer, LR schedule, step, data position, RNG states, options, history;
-                                          plain tensors and numbers, read with ``torch.load(weights_only=True)``
+    training_state.pt                     LR schedule, step, data position, RNG states, options, history, the
+                                          optimizer's hyperparameters; plain tensors and numbers, read with
+                                          ``torch.load(weights_only=True)``
+    optimizer/                            the AdamW state, sharded: safetensors files written by every rank and
+                                          readable at any world size (see :mod:`~lightning_attention.train.optimizer_state`)
     checkpoint.json                       the manifest: format, step, and the size and SHA-256 of every file above
+                                          (files in subfolders by their relative path, e.g. ``optimizer/shard-...``)
     previous/                             the checkpoint before this one (same layout), kept until the next save
 
 ``AutoModelForCausalLM.from_pretrained(out)`` / ``AutoTokenizer.from_pretrained(out)`` (after ``import
 lightning_attention``), ``lightning-attention generate --checkpoint out`` and ``train --resume`` read it; the last
 two verify every checksum first, so a truncated, zeroed, emptied or replaced file is reported as "checkpoint <out> is
 corrupt/incomplete: ..." (safetensors alone does not notice zeroed bytes) instead of a traceback or silently wrong
-weights, and a pickle is never executed.
+weights, and a pickle is never executed. A file that the manifest does not list in one of its subfolders is an error
+too: the optimizer's reader takes every file of its folder.
 
 A save never touches the last good checkpoint until the new one is complete: every file is written into a fresh
-private folder inside ``<out>`` (``.staging-<random>``, so no fixed temporary name can be planted), flushed to disk
-(fsync), hashed, and only then renamed into place, the manifest last; the checkpoint it replaces is first kept in
-``previous/`` (hard links, no copy). A process killed while writing leaves the old checkpoint in place; killed in the
-middle of the renames, the manifest no longer matches and ``previous/`` still holds the last good one.
+private folder inside ``<out>`` (``.staging-<random>``, so no fixed temporary name can be planted; under torchrun
+rank 0 creates it and every rank writes its optimizer shard there: across machines ``<out>`` must be on a file system
+they share), flushed to disk (fsync), hashed, and only then
+renamed into place, the manifest last; the checkpoint it replaces is first kept in ``previous/`` (hard links, no
+copy). A process killed while writing leaves the old checkpoint in place; killed in the middle of the renames, the
+manifest no longer matches and ``previous/`` still holds the last good one.
 """
 
 import contextlib
@@ -72,8 +79,19 @@ def sha256_of(path: str) -> str:
     return digest.hexdigest()
 
 
+def _relative_files(folder: str) -> list[str]:
+    """Every file under ``folder`` (``previous/`` and staging folders excepted) as a sorted ``/``-separated path."""
+    found = []
+    for root, dirs, files in os.walk(folder):
+        rel = os.path.relpath(root, folder)
+        if rel == ".":
+            dirs[:] = [d for d in dirs if d != PREVIOUS and not d.startswith(STAGING_PREFIX)]
+        found += [f if rel == "." else f"{rel.replace(os.sep, '/')}/{f}" for f in files]
+    return sorted(found)
+
+
 def _write_manifest(folder: str, step: int) -> dict:
-    files = sorted(f for f in os.listdir(folder) if f != MANIFEST and os.path.isfile(os.path.join(folder, f)))
+    files = [f for f in _relative_files(folder) if f != MANIFEST]
     manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "step": step,
                 "files": {f: {"bytes": os.path.getsize(os.path.join(folder, f)),
                               "sha256": sha256_of(os.path.join(folder, f))} for f in files}}
@@ -85,40 +103,82 @@ def _write_manifest(folder: str, step: int) -> dict:
     return manifest
 
 
-def save_checkpoint(out: str, model, tokenizer, training_state: dict, step: int) -> str:
+def save_checkpoint(out: str, step: int, write_files, *, distributed: bool = False) -> str:
     """Writes the checkpoint of ``step`` to the folder ``out`` as described in the module docstring; returns ``out``.
+
+    ``write_files(staging)`` writes the checkpoint's files into the private folder ``staging``. With
+    ``distributed``, every rank of the default process group calls this function: rank 0 creates the folder, every
+    rank's ``write_files`` writes into it (e.g. its optimizer shard), and rank 0 makes the result the checkpoint once
+    all have finished. Use :func:`write_model_files` for the transformers files and the training state.
+    """
+    import torch.distributed as dist
+
+    main = not distributed or dist.get_rank() == 0
+    staging = _new_staging(out) if main else None
+    if distributed:
+        payload = [staging]
+        dist.broadcast_object_list(payload, src=0)
+        staging = payload[0]
+    write_files(staging)
+    if distributed:
+        dist.barrier()  # every rank's files are written
+    if main:
+        _commit(out, staging, step)
+    if distributed:
+        dist.barrier()  # nobody reads or writes the folder before the new checkpoint is in place
+    return out
+
+
+def write_model_files(folder: str, model, tokenizer, training_state: dict, weights: dict | None = None) -> None:
+    """The transformers files of ``model`` and ``tokenizer`` and ``training_state.pt``, into ``folder``.
 
     Args:
         model: a transformers model (``save_pretrained`` writes config.json, model.safetensors and
             generation_config.json).
         tokenizer: its tokenizer (``save_pretrained``).
         training_state: plain data for ``torch.save`` (tensors, numbers, strings, lists, tuples, dicts).
+        weights: the full state dict to write instead of ``model``'s own (a sharded model's, gathered).
     """
+    with no_progress_bars():
+        model.save_pretrained(folder, safe_serialization=True, state_dict=weights)
+    tokenizer.save_pretrained(folder)
+    torch.save(training_state, os.path.join(folder, TRAINING_STATE))
+
+
+def _new_staging(out: str) -> str:
     os.makedirs(out, exist_ok=True)
     for name in os.listdir(out):  # what a save killed earlier left behind
         if name.startswith(STAGING_PREFIX):
             shutil.rmtree(os.path.join(out, name), ignore_errors=True)
-    staging = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out)
-    with no_progress_bars():
-        model.save_pretrained(staging, safe_serialization=True)
-    tokenizer.save_pretrained(staging)
-    torch.save(training_state, os.path.join(staging, TRAINING_STATE))
-    for name in os.listdir(staging):
+    return tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out)
+
+
+def _commit(out: str, staging: str, step: int) -> None:
+    """Flushes, hashes and renames the files of ``staging`` into ``out`` (see the module docstring)."""
+    for name in _relative_files(staging):
         _fsync_file(os.path.join(staging, name))
     manifest = _write_manifest(staging, step)
-    _fsync_dir(staging)
+    for folder in _folders(staging, manifest["files"]):
+        _fsync_dir(folder)
 
     old = _current_manifest(out)
     if old is not None:
         _keep_as_previous(out, old)
     for name in manifest["files"]:  # the data first, the manifest last: it is what makes the new files valid
+        os.makedirs(os.path.dirname(os.path.join(out, name)), exist_ok=True)
         os.replace(os.path.join(staging, name), os.path.join(out, name))
-    os.replace(os.path.join(staging, MANIFEST), os.path.join(out, MANIFEST))
     for name in set(old["files"]) - set(manifest["files"]) if old else ():
-        os.remove(os.path.join(out, name))
+        os.remove(os.path.join(out, name))  # before the manifest: a subfolder must hold no file it does not list
+    for folder in _folders(out, manifest["files"]):
+        _fsync_dir(folder)
+    os.replace(os.path.join(staging, MANIFEST), os.path.join(out, MANIFEST))
     _fsync_dir(out)
-    os.rmdir(staging)
-    return out
+    shutil.rmtree(staging)
+
+
+def _folders(root: str, files) -> list[str]:
+    """The folders that hold ``files`` (relative paths under ``root``), subfolders first."""
+    return sorted({os.path.dirname(os.path.join(root, name)) for name in files}, key=len, reverse=True)
 
 
 def _current_manifest(out: str) -> dict | None:
@@ -133,11 +193,13 @@ def _keep_as_previous(out: str, manifest: dict) -> None:
     """Makes ``out/previous/`` the checkpoint now in ``out`` (hard links where the file system allows)."""
     fresh = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out)
     for name in [*manifest["files"], MANIFEST]:
+        os.makedirs(os.path.dirname(os.path.join(fresh, name)), exist_ok=True)
         try:
             os.link(os.path.join(out, name), os.path.join(fresh, name))
         except OSError:
             shutil.copy2(os.path.join(out, name), os.path.join(fresh, name))
-    _fsync_dir(fresh)
+    for folder in _folders(fresh, manifest["files"]):
+        _fsync_dir(folder)
     previous = os.path.join(out, PREVIOUS)
     if os.path.isdir(previous):
         retired = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out)
@@ -180,7 +242,9 @@ def verify_checkpoint(path: str) -> dict:
     """Checks the manifest of the checkpoint folder ``path`` against every file; returns the manifest.
 
     Raises :class:`CheckpointError` for a missing folder or manifest, an old pickle checkpoint, a file missing,
-    of the wrong size or with the wrong SHA-256 (naming the file), or an unreadable manifest.
+    of the wrong size or with the wrong SHA-256 (naming the file), a file in a manifest subfolder that it does not
+    list, or an unreadable manifest (one naming a path outside the folder included: a save removes the files of the
+    checkpoint it replaces).
     """
     manifest_path = os.path.join(path, MANIFEST)
     if not os.path.isfile(manifest_path):
@@ -191,6 +255,9 @@ def verify_checkpoint(path: str) -> dict:
         files = manifest["files"]
         if manifest.get("format") != FORMAT or not isinstance(files, dict):
             raise ValueError("not a lightning-attention checkpoint manifest")
+        outside = [n for n in files if os.path.isabs(n) or "\\" in n or ".." in n.split("/")]
+        if outside:
+            raise ValueError(f"it names {outside[0]!r}, outside the checkpoint folder")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise _corrupt(path, f"{MANIFEST} is unreadable ({type(exc).__name__}: {exc})") from None
     if manifest.get("format_version") != FORMAT_VERSION:
@@ -205,6 +272,10 @@ def verify_checkpoint(path: str) -> dict:
             raise _corrupt(path, f"{name} has {size} bytes, the manifest says {expected['bytes']}")
         if sha256_of(file) != expected["sha256"]:
             raise _corrupt(path, f"{name} does not match its SHA-256 checksum")
+    sharded = {os.path.dirname(name) for name in files if "/" in name}  # folders a reader takes whole
+    unlisted = [name for name in _relative_files(path) if os.path.dirname(name) in sharded and name not in files]
+    if unlisted:
+        raise _corrupt(path, f"{unlisted[0]} is not in {MANIFEST}")
     return manifest
 
 

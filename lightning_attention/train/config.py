@@ -11,9 +11,11 @@ SMOKE = dict(preset="smoke", steps=6, context=64, batch_size=4, eval_every=3, ev
              max_chars=60_000)
 
 # What a resumed run may change without --resume-override: its length and cadence (resuming in slices changes them)
-# and how it runs (device, threads, display, compile, activation checkpointing: the same training either way).
+# and how it runs (device, threads, display, compile, activation checkpointing, how the ranks split the work: the
+# same training either way; a changed number of data-parallel ranks keeps the global batch, see the trainer).
 CHANGEABLE_ON_RESUME = frozenset({"steps", "stop_at", "save_every", "eval_every", "out", "resume", "resume_overrides",
-                                  "device", "threads", "progress", "compile", "gradient_checkpointing"})
+                                  "device", "threads", "progress", "compile", "gradient_checkpointing",
+                                  "sequence_parallel", "data_parallel"})
 # What a resumed run does not take over from the checkpoint's options: where this slice ends, and where it resumes
 # from and writes to
 NOT_CARRIED_OVER = frozenset({"stop_at", "resume", "resume_overrides", "out"})
@@ -92,6 +94,11 @@ class TrainConfig:
     # multiple; world / sequence_parallel groups then train data parallel.
     sequence_parallel: int = option(1, "under torchrun: ranks that split each sequence along T (TNL; world = sp x "
                                        "data-parallel)")
+    # How the data-parallel replicas keep the model: DDP replicates parameters and optimizer state on every rank;
+    # FSDP2 (fully_shard) shards them over every rank, sequence-parallel ones included. Works in one process too
+    # (a process group of one: nothing to shard, same training).
+    data_parallel: str = option("ddp", "ddp (a full replica per rank) | fsdp (PyTorch FSDP2: parameters, gradients "
+                                       "and optimizer state sharded over the ranks)", choices=("ddp", "fsdp"))
 
     def __post_init__(self):
         if isinstance(self.resume_overrides, str):

@@ -1,20 +1,28 @@
 """The training loop of ``lightning-attention train``: a small language model on a text, on CPU or GPU(s).
 
 One code path for every device: on a CPU the lightning layers run the PyTorch chunked op, on CUDA the Triton kernels
-(with bf16 autocast); under ``torchrun`` the model is wrapped in DistributedDataParallel and every rank reads its own
-slice of each global batch; with ``sequence_parallel = N`` every group of N consecutive ranks shares one batch and
-splits its sequences along T (lightning layers run :func:`lightning_attention.distributed.lightning_attn_sp`), the
-groups themselves being data parallel. The loss is next-token cross entropy in nats; validation (a fixed tail of the
-text, every ``eval_every`` steps and at the end) also reports bits per byte, which compares runs with different
-tokenizers. The learning rate follows transformers' cosine schedule with warmup and a floor.
+(with bf16 autocast); under ``torchrun`` every rank reads its own slice of each global batch and the model is
+DistributedDataParallel or, with ``data_parallel = "fsdp"``, sharded by FSDP2; with ``sequence_parallel = N`` every
+group of N consecutive ranks shares one batch and splits its sequences along T (lightning layers run
+:func:`lightning_attention.distributed.lightning_attn_sp`), the groups themselves being data parallel. The ranks form
+one ("dp", "sp") DeviceMesh (see :mod:`lightning_attention.train.parallel`). The loss is next-token cross entropy in
+nats; validation (a fixed tail of the text, every ``eval_every`` steps and at the end) also reports bits per byte,
+which compares runs with different tokenizers. The learning rate follows transformers' cosine schedule with warmup
+and a floor.
 
 A checkpoint (a transformers folder plus the training state, see :mod:`lightning_attention.train.checkpoint`) is
 written every ``save_every`` steps and at the end; ``resume`` continues from it bit for bit (same batches, RNG,
-optimizer state and schedule), refusing options that differ from the run's own (see ``train/config.py``).
+optimizer state and schedule), refusing options that differ from the run's own (see ``train/config.py``). A run may
+resume on another number of processes, with or without sequence parallelism, under DDP or FSDP2: the optimizer state
+is resharded on load, and the per-rank batch follows the number of data-parallel replicas so that the global batch,
+and with it the batches, the data position and the loss curve, stay the run's (equal up to float rounding: the
+gradient sums run in another order). ``--batch-size`` with ``--resume-override batch_size`` changes it instead.
 """
 
 import contextlib
+import dataclasses
 import math
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -26,12 +34,15 @@ from transformers import get_cosine_with_min_lr_schedule_with_warmup
 from lightning_attention.models.presets import model_config, model_from_config, parameter_count
 from lightning_attention.train import checkpoint as ckpt_io
 from lightning_attention.train import distributed as dist_utils
+from lightning_attention.train import parallel
 from lightning_attention.train.config import TrainConfig, changed_on_resume
 from lightning_attention.train.data import WindowLoader, check_split, load_text, split_text, validation_batches
 from lightning_attention.train.errors import UserError
+from lightning_attention.train.optimizer_state import FOLDER as OPTIMIZER_FOLDER
+from lightning_attention.train.optimizer_state import load_optimizer_state, save_optimizer_state
 from lightning_attention.train.tokenizer import encode_corpus, resolve_tokenizer, token_byte_lengths
 
-STATE_VERSION = 2
+STATE_VERSION = 3  # 3: the optimizer state in optimizer/, sharded, keyed by parameter name
 
 
 @dataclass
@@ -49,12 +60,13 @@ def _device(cfg: TrainConfig, info: dist_utils.DistInfo) -> torch.device:
     name = cfg.device
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and info.enabled:
-        name = f"cuda:{info.local_rank}"
+    if name == "cuda":
+        name = f"cuda:{info.local_rank}"  # an explicit index: DDP and the DeviceMesh place their work by it
     return torch.device(name)
 
 
-def _autocast(cfg: TrainConfig, device: torch.device):
+def autocast_context(cfg: TrainConfig, device: torch.device):
+    """``cfg.dtype``'s autocast on ``device`` ("auto": bf16 on CUDA, none on CPU)."""
     dtype = cfg.dtype
     if dtype == "auto":
         dtype = "bfloat16" if device.type == "cuda" else "float32"
@@ -63,7 +75,9 @@ def _autocast(cfg: TrainConfig, device: torch.device):
     return torch.autocast(device_type=device.type, dtype=getattr(torch, dtype))
 
 
-def _optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW of the run (``cfg.lr``, ``cfg.weight_decay``) over ``model``'s parameters, as they are: build it after
+    :func:`prepare_model` (FSDP2 replaces the parameters by their shards)."""
     # weight decay on matrices (projections, embeddings) only; not on LRPE angles, norm weights or biases
     decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2 and p.shape[-2] != 1]
     keep = [p for p in model.parameters() if p.requires_grad and not (p.ndim >= 2 and p.shape[-2] != 1)]
@@ -92,26 +106,48 @@ def lm_loss(model, batch: torch.Tensor, sp_group=None) -> torch.Tensor:
     return loss / denominator
 
 
+def train_step(net, model, optimizer, batch: torch.Tensor, autocast, *, sp_group=None,
+               grad_clip: float = 0.0) -> torch.Tensor:
+    """One optimizer step on ``batch [B, T + 1]``: forward through ``net`` (the wrapped model), backward, gradient
+    clipping over ``model``'s parameters (whole or sharded), AdamW. Returns the loss, detached, without a host sync."""
+    with autocast:
+        loss = lm_loss(net, batch, sp_group)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    return loss.detach()
+
+
 @torch.no_grad()
-def evaluate(model, batches, device, autocast, info, byte_lengths: torch.Tensor, sp_group=None) -> tuple[float, float]:
+def evaluate(model, batches, device, autocast, info, byte_lengths: torch.Tensor, sp_group=None, *,
+             context: int | None = None) -> tuple[float, float]:
     """``(nats per token, bits per byte)`` of the validation batches of every rank.
 
     Token-weighted over all ranks. Bits per byte divide the summed loss by ``ln 2`` times the UTF-8 bytes the target
     tokens stand for (``byte_lengths [vocab]``): with the byte tokenizer it is nats / ln 2, with a BPE the measure that
-    compares across vocabularies.
+    compares across vocabularies. Every rank runs as many forward passes as the rank with the most batches (FSDP2
+    all-gathers parameters in each): a rank with fewer repeats a stand-in (its first batch, or zeros ``[1, context +
+    1]`` when it has none) and counts nothing of it.
     """
     was_training = model.training
     model.eval()
     totals = torch.zeros(3, dtype=torch.float64, device=device)
     sp = 1 if sp_group is None else torch.distributed.get_world_size(sp_group)
-    for batch in batches:
+    for i in range(dist_utils.all_reduce_max(len(batches), info, device)):
+        counted = i < len(batches)
+        batch = batches[i] if counted else batches[0] if batches else torch.zeros(1, context + 1, dtype=torch.long)
         batch = batch.to(device)
         with autocast:
             loss = lm_loss(model, batch, sp_group)
+        if not counted:
+            continue
         # every rank of a sequence-parallel group holds the whole batch and a 1/sp share of its tokens
         n = batch[:, 1:].numel() / sp
         n_bytes = float(byte_lengths[batch[:, 1:].cpu()].sum()) / sp
         totals += torch.tensor([loss.item() * n, n, n_bytes], dtype=torch.float64, device=device)
+    parallel.reshard(model)
     dist_utils.all_reduce_sum(totals, info)
     model.train(was_training)
     return float(totals[0] / totals[1]), float(totals[0] / (math.log(2) * totals[2]))
@@ -127,9 +163,22 @@ def enable_activation_checkpointing(model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
+def prepare_model(model, layout: parallel.Layout, device: torch.device, *, data_parallel: str = "ddp",
+                  gradient_checkpointing: bool = False, compile: bool = False, compile_backend: str = "inductor"):
+    """Activation checkpointing first (PyTorch's order: before ``torch.compile`` and ``fully_shard``), then
+    :func:`~lightning_attention.train.parallel.parallelize`; returns the module to call in the training loop."""
+    if gradient_checkpointing:
+        enable_activation_checkpointing(model)
+    return parallel.parallelize(model, layout, data_parallel, device, compile=compile, compile_backend=compile_backend)
+
+
 def train(cfg: TrainConfig) -> TrainResult:
-    """Runs (or resumes) a training run; returns the loss history. Rank 0 prints progress and saves."""
-    info = dist_utils.setup("cuda" if (cfg.device in ("auto", "cuda") and torch.cuda.is_available()) else "cpu")
+    """Runs (or resumes) a training run; returns the loss history. Rank 0 prints progress and saves.
+
+    Under torchrun, or in a process group the caller has set up, every rank of the default group calls it.
+    """
+    device_kind = "cuda" if (cfg.device in ("auto", "cuda") and torch.cuda.is_available()) else "cpu"
+    info = dist_utils.setup(device_kind, need_group=cfg.data_parallel == "fsdp")
     threads = torch.get_num_threads()
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
@@ -138,22 +187,6 @@ def train(cfg: TrainConfig) -> TrainResult:
     finally:
         torch.set_num_threads(threads)  # process-wide setting: restore it for whoever runs next in this process
         dist_utils.teardown(info)
-
-
-def _sequence_parallel(cfg: TrainConfig, info: dist_utils.DistInfo):
-    """``(sp_group, dp_rank, dp_world)``: the sequence-parallel group (None without it) and this rank's place among
-    the data-parallel replicas (each group of ``sequence_parallel`` consecutive ranks is one replica)."""
-    sp = cfg.sequence_parallel
-    if sp == 1:
-        return None, info.rank, info.world_size
-    if cfg.arch != "tnl" or cfg.softmax_attention_every:
-        raise UserError("--sequence-parallel needs --arch tnl without softmax layers (--softmax-attention-every)")
-    if sp < 1 or info.world_size % sp != 0:
-        raise UserError(f"--sequence-parallel must divide the number of processes {info.world_size}, got {sp}")
-    from lightning_attention.distributed import init_sequence_parallel
-
-    sp_group, _ = init_sequence_parallel(sp)
-    return sp_group, info.rank // sp, info.world_size // sp
 
 
 def _resume_source(cfg: TrainConfig) -> str | None:
@@ -178,6 +211,20 @@ def _load_resume_state(cfg: TrainConfig, source: str) -> dict:
     return state
 
 
+def _keep_global_batch(cfg: TrainConfig, state: dict, dp_world: int) -> TrainConfig:
+    """``cfg`` with the per-rank batch that keeps the checkpoint's global batch on ``dp_world`` replicas (unless
+    ``--resume-override batch_size`` asks for another batch)."""
+    saved_world, saved_batch = state["data_parallel_ranks"], state["options"]["batch_size"]
+    if dp_world == saved_world or "batch_size" in cfg.resume_overrides:
+        return cfg
+    global_batch = saved_batch * saved_world
+    if global_batch % dp_world:
+        raise UserError(f"the run's global batch of {global_batch} sequences ({saved_world} data-parallel ranks x "
+                        f"{saved_batch}) does not split over {dp_world} data-parallel ranks: use another number of "
+                        f"processes, or a new --batch-size with --resume-override batch_size")
+    return dataclasses.replace(cfg, batch_size=global_batch // dp_world)
+
+
 def _tokenizer(cfg: TrainConfig, source: str | None, train_text: str, info: dist_utils.DistInfo):
     """The run's tokenizer: the checkpoint's when resuming; a BPE is trained on rank 0 and sent to the others."""
     from transformers import AutoTokenizer
@@ -200,6 +247,10 @@ def _train(cfg: TrainConfig, info: dist_utils.DistInfo) -> TrainResult:
     device = _device(cfg, info)
     source = _resume_source(cfg)
     state = _load_resume_state(cfg, source) if source is not None else None
+    layout = parallel.build_layout(info, cfg.sequence_parallel, device,
+                                   sp_capable=cfg.arch == "tnl" and not cfg.softmax_attention_every)
+    if state is not None:
+        cfg = _keep_global_batch(cfg, state, layout.dp_world)
     torch.manual_seed(cfg.seed)
     train_text, val_text = split_text(load_text(cfg.data, text_field=cfg.text_field, max_chars=cfg.max_chars),
                                       cfg.val_fraction)
@@ -207,24 +258,27 @@ def _train(cfg: TrainConfig, info: dist_utils.DistInfo) -> TrainResult:
     train_tokens, val_tokens = encode_corpus(tokenizer, train_text), encode_corpus(tokenizer, val_text)
     check_split(train_tokens, val_tokens, cfg.context)
     byte_lengths = token_byte_lengths(tokenizer)
-    sp_group, dp_rank, dp_world = _sequence_parallel(cfg, info)
-    loader = WindowLoader(train_tokens, cfg.context, cfg.batch_size, cfg.seed, dp_rank, dp_world)
-    val_sets = validation_batches(val_tokens, cfg.context, cfg.batch_size, cfg.eval_batches, dp_rank, dp_world)
+    loader = WindowLoader(train_tokens, cfg.context, cfg.batch_size, cfg.seed, layout.dp_rank, layout.dp_world)
+    val_sets = validation_batches(val_tokens, cfg.context, cfg.batch_size, cfg.eval_batches, layout.dp_rank,
+                                  layout.dp_world)
 
     arch_options = dict(decay_recipe=cfg.decay_recipe, attention_variant=cfg.attention_variant,
                         softmax_attention_every=cfg.softmax_attention_every) if cfg.arch == "tnl" else {}
     mconf = model_config(cfg.arch, cfg.preset, len(tokenizer), d_model=cfg.d_model, n_layers=cfg.n_layers,
                          n_heads=cfg.n_heads, ffn_dim=cfg.ffn_dim, **arch_options)
-    model = model_from_config(cfg.arch, mconf, sequence_parallel_group=sp_group).to(device)
-    optimizer = _optimizer(model, cfg)
+    model = model_from_config(cfg.arch, mconf, sequence_parallel_group=layout.sp_group).to(device)
+    result = TrainResult(step=0, parameters=parameter_count(model))
+    if state is not None:
+        ckpt_io.load_weights(model, source)  # whole, on every rank, before FSDP2 shards it
+        model.to(device)
+    net = prepare_model(model, layout, device, data_parallel=cfg.data_parallel,
+                        gradient_checkpointing=cfg.gradient_checkpointing, compile=cfg.compile)
+    optimizer = make_optimizer(model, cfg)  # over the parameters as the strategy left them (FSDP2: this rank's shards)
     scheduler = get_cosine_with_min_lr_schedule_with_warmup(optimizer, num_warmup_steps=cfg.warmup,
                                                             num_training_steps=cfg.steps, min_lr_rate=cfg.min_lr_ratio)
-    result = TrainResult(step=0, parameters=parameter_count(model))
-
     if state is not None:
-        ckpt_io.load_weights(model, source)
-        model.to(device)
-        optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(os.path.join(source, OPTIMIZER_FOLDER), model, optimizer,
+                             state["optimizer_hyperparameters"])
         scheduler.load_state_dict(state["scheduler"])
         loader.load_state_dict(state["loader"])
         ckpt_io.set_rng_state(state["rng"])
@@ -233,39 +287,33 @@ def _train(cfg: TrainConfig, info: dist_utils.DistInfo) -> TrainResult:
         result.train_losses = list(history["train"])
         result.val_losses = [tuple(x) for x in history["val"]]
         result.val_bits_per_byte = [tuple(x) for x in history["val_bits_per_byte"]]
-    if cfg.gradient_checkpointing:
-        enable_activation_checkpointing(model)
+    autocast = autocast_context(cfg, device)
 
-    net = model
-    if info.enabled:
-        net = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None
-        )
-    if cfg.compile:
-        net = torch.compile(net)
-    autocast = _autocast(cfg, device)
-
-    def save() -> str | None:
-        path = None
+    def write_files(folder: str) -> None:
+        hyperparameters = save_optimizer_state(os.path.join(folder, OPTIMIZER_FOLDER), model, optimizer)
+        weights = parallel.full_state_dict(model)  # collective under FSDP2; rank 0 gets them
         if info.is_main:
             training_state = {
-                "format_version": STATE_VERSION, "step": result.step, "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(), "loader": loader.state_dict(), "rng": ckpt_io.rng_state(),
-                "options": cfg.options(),
+                "format_version": STATE_VERSION, "step": result.step,
+                "optimizer_hyperparameters": hyperparameters, "scheduler": scheduler.state_dict(), "loader": loader.state_dict(), "rng": ckpt_io.rng_state(),
+                "options": cfg.options(), "data_parallel_ranks": layout.dp_world,
                 "history": {"train": result.train_losses, "val": result.val_losses,
                             "val_bits_per_byte": result.val_bits_per_byte},
             }
-            path = ckpt_io.save_checkpoint(cfg.out, model, tokenizer, training_state, result.step)
-        dist_utils.barrier(info)
-        return path
+            ckpt_io.write_model_files(folder, model, tokenizer, training_state, weights)
+
+    def save() -> str:
+        return ckpt_io.save_checkpoint(cfg.out, result.step, write_files, distributed=info.enabled)
 
     say = tqdm.write if cfg.progress else print
     if info.is_main:
         say(f"{cfg.arch}: {result.parameters / 1e6:.2f}M parameters on {device} "
-            f"({info.world_size} process{'es' if info.world_size > 1 else ''}), {len(train_tokens):,} training "
+            f"({info.world_size} process{'es' if info.world_size > 1 else ''}"
+            f"{', FSDP2' if cfg.data_parallel == 'fsdp' else ''}), {len(train_tokens):,} training "
             f"tokens ({cfg.tokenizer if source is None else 'checkpoint'} tokenizer, {len(tokenizer)} ids), "
-            f"context {cfg.context}, batch {cfg.batch_size * dp_world}"
-            f"{f', sequence parallel over {cfg.sequence_parallel} ranks' if sp_group is not None else ''}, "
+            f"context {cfg.context}, batch {cfg.batch_size * layout.dp_world}"
+            f"{f' ({layout.dp_world} replicas x {cfg.batch_size})' if layout.dp_world > 1 else ''}"
+            f"{f', sequence parallel over {cfg.sequence_parallel} ranks' if layout.sp_group is not None else ''}, "
             f"steps {result.step}->{cfg.steps}")
     bar = tqdm(total=cfg.steps, initial=result.step, disable=not (cfg.progress and info.is_main), desc="train",
                unit="step", dynamic_ncols=True)
@@ -275,25 +323,20 @@ def _train(cfg: TrainConfig, info: dist_utils.DistInfo) -> TrainResult:
     while result.step < end:
         lr = scheduler.get_last_lr()[0]
         batch = loader.next_batch().to(device, non_blocking=True)
-        with autocast:
-            loss = lm_loss(net, batch, sp_group)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
+        loss = train_step(net, model, optimizer, batch, autocast, sp_group=layout.sp_group, grad_clip=cfg.grad_clip)
         scheduler.step()
-        loss_value = float(loss.detach())  # the only host sync of a step
+        loss_value = float(loss)  # the only host sync of a step
         if info.enabled:
-            loss_value = float(dist_utils.all_reduce_sum(loss.detach().clone(), info)) / info.world_size
+            loss_value = float(dist_utils.all_reduce_sum(loss.clone(), info)) / info.world_size
         result.train_losses.append(loss_value)
         result.step += 1
-        tokens_seen += batch[:, 1:].numel() * dp_world
+        tokens_seen += batch[:, 1:].numel() * layout.dp_world
         bar.update(1)
         bar.set_postfix(loss=f"{loss_value:.3f}", lr=f"{lr:.2e}")
         last = result.step == end
         if (cfg.eval_every and result.step % cfg.eval_every == 0) or last:
-            val, bpb = evaluate(net, val_sets, device, autocast, info, byte_lengths, sp_group)
+            val, bpb = evaluate(net, val_sets, device, autocast, info, byte_lengths, layout.sp_group,
+                                context=cfg.context)
             result.val_losses.append((result.step, val))
             result.val_bits_per_byte.append((result.step, bpb))
             if info.is_main:

@@ -1,4 +1,5 @@
-"""init_sequence_parallel + shard_sequence on 4 gloo ranks (SP 2 × DP 2), end to end through lightning_attn_sp.
+"""init_training_mesh, init_sequence_parallel + shard_sequence on 4 gloo ranks (SP 2 × DP 2), end to end through
+lightning_attn_sp.
 
 Each DP replica trains on its own sequence, sharded along T over its SP group; the per-rank outputs and input
 gradients, put back together, must be the single-process op on that replica's full sequence.
@@ -9,7 +10,13 @@ import torch
 import torch.distributed as dist
 
 import lightning_attention as la
-from lightning_attention.distributed import init_sequence_parallel, lightning_attn_sp, shard_sequence
+from lightning_attention.distributed import (
+    data_parallel_mesh,
+    init_sequence_parallel,
+    init_training_mesh,
+    lightning_attn_sp,
+    shard_sequence,
+)
 from lightning_attention.utils.testing import assert_close
 from tests.distributed._workers import spawn
 
@@ -43,6 +50,15 @@ def _groups_job(rank: int, world_size: int, workdir) -> dict:
         dist.all_reduce(t, group=group)
         sums.append(t.item())
 
+    mesh = init_training_mesh(SP_SIZE)
+    flat = data_parallel_mesh(mesh)
+    mesh_layout = {
+        "grid": mesh.mesh.tolist(), "names": mesh.mesh_dim_names, "flat": flat.mesh.tolist(),
+        "sp_ranks": dist.get_process_group_ranks(mesh["sp"].get_group()),
+        "dp_ranks": dist.get_process_group_ranks(mesh["dp"].get_group()),
+        "flat_ranks": dist.get_process_group_ranks(flat.get_group()),
+    }
+
     x = torch.load(workdir / "inputs.pt")
     replica = dist.get_rank(dp_group)  # which batch this SP group trains on
     q, k, v, do = (shard_sequence(x[n][replica], sp_group).clone() for n in ("q", "k", "v", "do"))
@@ -54,6 +70,7 @@ def _groups_job(rank: int, world_size: int, workdir) -> dict:
         "dp_ranks": dist.get_process_group_ranks(dp_group),
         "sums": sums,
         "bad_size_error": bad_size_error,
+        "mesh": mesh_layout,
         "replica": replica,
         "sp_rank": dist.get_rank(sp_group),
         "o": o.detach(),
@@ -81,6 +98,14 @@ def test_contiguous_sp_groups_and_strided_dp_groups(results):
         assert "must divide the world size 4" in (res["bad_size_error"] or ""), f"rank {rank}"
 
 
+def test_the_training_mesh_is_dp_by_sp_with_every_rank_on_its_flattened_dimension(results):
+    for rank, res in enumerate(results):
+        mesh = res["mesh"]
+        assert mesh["grid"] == [[0, 1], [2, 3]] and mesh["names"] == ("dp", "sp")
+        assert mesh["sp_ranks"] == res["sp_ranks"] and mesh["dp_ranks"] == res["dp_ranks"], f"rank {rank}"
+        assert mesh["flat"] == [0, 1, 2, 3] and mesh["flat_ranks"] == [0, 1, 2, 3]
+
+
 def test_sp_times_dp_matches_single_process(results):
     x = _inputs()
     for replica in range(WORLD_SIZE // SP_SIZE):
@@ -96,5 +121,6 @@ def test_sp_times_dp_matches_single_process(results):
 
 
 def test_needs_an_initialised_default_group():
-    with pytest.raises(RuntimeError, match="init_process_group"):
-        init_sequence_parallel(2)
+    for init in (init_sequence_parallel, init_training_mesh):
+        with pytest.raises(RuntimeError, match="init_process_group"):
+            init(2)

@@ -4,6 +4,7 @@ temporary folders, flushed to disk before the rename."""
 
 import json
 import os
+import pathlib
 import pickle
 import signal
 import subprocess
@@ -37,7 +38,11 @@ def test_layout_manifest_and_previous(saved):
     assert manifest["step"] == 6
     assert set(manifest["files"]) >= {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                                       "tokenizer_config.json", "training_state.pt"}
-    assert set(manifest["files"]) == set(os.listdir(saved)) - {"checkpoint.json", "previous"}  # every file covered
+    on_disk = {os.path.relpath(os.path.join(root, f), saved).replace(os.sep, "/")
+               for root, dirs, files in os.walk(saved) if "previous" not in os.path.relpath(root, saved).split(os.sep)
+               for f in files}
+    assert set(manifest["files"]) == on_disk - {"checkpoint.json"}  # every file covered, subfolders too
+    assert [f for f in manifest["files"] if f.startswith("optimizer/")]  # the optimizer state, by its path
     assert verify_checkpoint(os.path.join(saved, "previous"))["step"] == 3
     assert not [n for n in os.listdir(saved) if n.startswith(".staging-")]  # no temporary folder left behind
 
@@ -63,12 +68,18 @@ def _random_bytes(path):
         f.write(torch.randint(0, 256, (size,), dtype=torch.uint8).numpy().tobytes())
 
 
+OPTIMIZER_SHARD = "optimizer/shard-00001-model-00001-of-00001.safetensors"  # one process writes one shard
+
 FAULTS = {
     "truncated-weights": ("model.safetensors", _truncate, "model.safetensors has"),
     "zeroed-weights": ("model.safetensors", _zero_64_bytes, "model.safetensors does not match"),
     "empty-state": ("training_state.pt", _empty, "training_state.pt has 0 bytes"),
     "random-state": ("training_state.pt", _random_bytes, "training_state.pt does not match"),
     "missing-tokenizer": ("tokenizer.json", os.remove, "tokenizer.json is missing"),
+    "zeroed-optimizer": (OPTIMIZER_SHARD, _zero_64_bytes, f"{OPTIMIZER_SHARD} does not match"),
+    "missing-optimizer": (OPTIMIZER_SHARD, os.remove, f"{OPTIMIZER_SHARD} is missing"),
+    "stray-optimizer-shard": ("optimizer/shard-00002-model-00001-of-00001.safetensors",
+                              lambda path: open(path, "wb").close(), "is not in checkpoint.json"),
     "random-manifest": ("checkpoint.json", _random_bytes, "checkpoint.json is unreadable"),
     "empty-manifest": ("checkpoint.json", _empty, "checkpoint.json is unreadable"),
 }
@@ -116,6 +127,20 @@ def test_a_crafted_pickle_is_never_executed(folder, tmp_path, capsys):
     assert main(["train", "--smoke", "--no-progress", "--resume", folder]) == 2
     assert "cannot be read safely" in capsys.readouterr().err
     assert not os.path.exists(marker)
+
+
+def test_a_manifest_naming_files_outside_the_folder_is_refused(folder, tmp_path):
+    """A save removes the files of the checkpoint it replaces: a crafted manifest must not make it delete others."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    manifest_path = pathlib.Path(folder) / "checkpoint.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["files"]["../victim.txt"] = {"bytes": victim.stat().st_size, "sha256": ckpt_io.sha256_of(str(victim))}
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="names '../victim.txt', outside the checkpoint folder"):
+        verify_checkpoint(folder)
+    train(TrainConfig.smoke(out=folder, steps=1, progress=False))  # a new run saving into the folder
+    assert victim.read_text() == "keep me" and verify_checkpoint(folder)["step"] == 1
 
 
 def test_an_old_pickle_checkpoint_is_refused_unopened(tmp_path, capsys):

@@ -1,0 +1,228 @@
+"""Peak memory per GPU and tokens/s of the trainer's step: DDP against FSDP2, with and without activation
+checkpointing, eager and ``torch.compile``d, with and without sequence parallelism.
+
+One GPU, the paper's smallest TNL (the ``400m`` preset with the released 64000-token vocabulary, 465M parameters),
+every combination of ``--strategies`` x ``--checkpointing`` x ``--compile`` (about 3 minutes on an H100)::
+
+    python benchmarks/train_memory.py --out benchmarks/results/<run>/train_memory
+
+On one rank FSDP2 has nothing to shard: its memory is DDP's minus DDP's gradient buckets plus the block being
+all-gathered; the saving per GPU appears with the ranks. Two GPUs (2-way FSDP2, 2-way sequence parallelism, both)::
+
+    torchrun --standalone --nproc_per_node 2 benchmarks/train_memory.py --sequence-parallel 1,2 --compile off \\
+        --out benchmarks/results/<run>/train_memory_2gpu
+
+Each configuration builds the model from the same seed, applies the trainer's own set-up
+(:func:`lightning_attention.train.trainer.prepare_model`: activation checkpointing, per-block compile, then DDP or
+``fully_shard`` on the ("dp", "sp") mesh) and its step (:func:`~lightning_attention.train.trainer.train_step`: bf16
+autocast, gradient clipping, AdamW) on random tokens, ``--warmup`` untimed steps (compilation, autotuning) then
+``--steps`` timed ones. Reported per configuration, as a JSON line and in ``<out>/train_memory.json``:
+``peak_memory_gib`` (``torch.cuda.max_memory_allocated`` from before the model was built, the largest over the
+ranks, and per rank), ``steady_memory_gib`` (allocated between steps: weights, optimizer state, what the strategy
+keeps), ``tokens_per_s`` (global tokens per step / step time) and the step losses (equal across configurations up to
+bf16 rounding: same weights, same tokens). An out-of-memory configuration is recorded as such and the next one runs.
+``--budget-s`` stops starting new configurations once passed.
+
+CPU smoke test (gloo, the smoke preset, ``aot_eager`` in place of inductor)::
+
+    torchrun --standalone --nproc_per_node 2 benchmarks/train_memory.py --quick --device cpu --out /tmp/train_memory
+"""
+
+import argparse
+import gc
+import itertools
+import json
+import os
+import pathlib
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from lightning_attention.bench.machine import machine_info, machine_line
+from lightning_attention.bench.results import ResultWriter, format_table
+from lightning_attention.bench.timing import record_failure
+from lightning_attention.models.presets import PRESETS, model_config, model_from_config, parameter_count
+from lightning_attention.train import distributed as dist_utils
+from lightning_attention.train import parallel
+from lightning_attention.train.config import TrainConfig
+from lightning_attention.train.trainer import autocast_context, make_optimizer, prepare_model, train_step
+
+FULL = {"preset": "400m", "vocab_size": 64000, "context": 2048, "batch_size": 8, "steps": 10, "warmup": 3,
+        "compile_backend": "inductor"}
+QUICK = {"preset": "smoke", "vocab_size": 256, "context": 64, "batch_size": 2, "steps": 2, "warmup": 1,
+         "compile_backend": "aot_eager"}
+GIB = 2**30
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--arch", choices=("tnl", "llama"), default="tnl")
+    p.add_argument("--preset", choices=tuple(PRESETS), default=None, help="model size (400m)")
+    p.add_argument("--vocab-size", type=int, default=None, help="64000: the released TNL tokenizer's")
+    p.add_argument("--context", type=int, default=None, help="tokens per sequence (2048)")
+    p.add_argument("--batch-size", type=int, default=None, help="sequences per data-parallel replica (8)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps (10)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed steps first (3)")
+    p.add_argument("--strategies", default="ddp,fsdp", help="data-parallel strategies to compare")
+    p.add_argument("--checkpointing", default="off,on", help="activation checkpointing: off, on or both")
+    p.add_argument("--compile", default="off,on", help="per-block torch.compile: off, on or both")
+    p.add_argument("--compile-backend", default=None, help="torch.compile backend (inductor)")
+    p.add_argument("--sequence-parallel", default="1", help="ranks per sequence-parallel group, e.g. 1,2")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--budget-s", type=float, default=270.0, help="start no configuration after this many seconds")
+    p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test of the script (CPU, gloo)")
+    p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("runs/train_memory"), help="folder of the JSON")
+    args = p.parse_args(argv)
+    for key, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
+
+
+def _switch(text: str) -> list[bool]:
+    values = {"off": False, "on": True}
+    return [values[v.strip()] for v in text.split(",")]
+
+
+def configurations(args, world_size: int) -> list[dict]:
+    """Every combination asked for, sequence-parallel sizes that do not divide the world size left out."""
+    grid = itertools.product([int(s) for s in args.sequence_parallel.split(",")], _switch(args.compile),
+                             _switch(args.checkpointing), [s.strip() for s in args.strategies.split(",")])
+    return [{"strategy": strategy, "checkpointing": ckpt, "compile": comp, "sequence_parallel": sp}
+            for sp, comp, ckpt, strategy in grid if world_size % sp == 0]
+
+
+def _release(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(conf: dict, args, info: dist_utils.DistInfo, device: torch.device, layout: parallel.Layout) -> dict:
+    """Builds, prepares and trains one configuration; returns this rank's measurements."""
+    torch._dynamo.reset()  # no compiled graph of an earlier configuration is reused (or kept alive)
+    _release(device)
+    cfg = TrainConfig(arch=args.arch, preset=args.preset, device=device.type)
+    torch.manual_seed(0)
+    model = model_from_config(args.arch, model_config(args.arch, args.preset, args.vocab_size),
+                              sequence_parallel_group=layout.sp_group).to(device)
+    record = {"parameters": parameter_count(model)}
+    net = prepare_model(model, layout, device, data_parallel=conf["strategy"],
+                        gradient_checkpointing=conf["checkpointing"], compile=conf["compile"],
+                        compile_backend=args.compile_backend)
+    optimizer = make_optimizer(model, cfg)
+    autocast = autocast_context(cfg, device)
+    generator = torch.Generator().manual_seed(1 + layout.dp_rank)  # each replica its own tokens; an SP group shares
+    batch = torch.randint(0, args.vocab_size, (args.batch_size, args.context + 1), generator=generator).to(device)
+    losses = []
+
+    def step() -> None:
+        losses.append(train_step(net, model, optimizer, batch, autocast, sp_group=layout.sp_group,
+                                 grad_clip=cfg.grad_clip))
+
+    started = time.perf_counter()
+    for _ in range(args.warmup):
+        step()
+    _synchronize(device)
+    record["warmup_s"] = time.perf_counter() - started
+    if device.type == "cuda":
+        record["steady_memory_gib"] = torch.cuda.memory_allocated(device) / GIB
+    started = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    _synchronize(device)
+    elapsed = (time.perf_counter() - started) / max(args.steps, 1)
+    record["step_ms"] = elapsed * 1e3
+    record["tokens_per_s"] = args.batch_size * args.context * layout.dp_world / elapsed
+    record["losses"] = [float(x) for x in losses]
+    if device.type == "cuda":
+        record["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / GIB
+    return record  # the model, its optimizer and graphs go with this frame; the next configuration frees them
+
+
+def _gather(record: dict, info: dist_utils.DistInfo) -> list[dict]:
+    if not info.enabled:
+        return [record]
+    records = [None] * info.world_size
+    dist.all_gather_object(records, record)
+    return records
+
+
+def _combine(conf: dict, per_rank: list[dict], args, world_size: int) -> dict:
+    """One record of the configuration: rank 0's numbers, memory as the largest over the ranks and per rank."""
+    failed = [r for r in per_rank if r.get("status") not in (None, "ok")]
+    out = {**conf, "world_size": world_size, "data_parallel_ranks": world_size // conf["sequence_parallel"],
+           "batch_per_replica": args.batch_size, "context": args.context, **per_rank[0]}
+    if failed:
+        return {**out, **{k: failed[0][k] for k in ("status", "error")}}
+    out["status"] = "ok"
+    out["tokens_per_step"] = args.batch_size * args.context * out["data_parallel_ranks"]
+    for key in ("peak_memory_gib", "steady_memory_gib"):
+        if key in per_rank[0]:
+            out[f"{key}_per_rank"] = [r[key] for r in per_rank]
+            out[key] = max(out[f"{key}_per_rank"])
+    return out
+
+
+def _row(r: dict) -> list[str]:
+    memory = f"{r['peak_memory_gib']:.2f}" if "peak_memory_gib" in r else "n/a"
+    rate = f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else r["status"]
+    return [r["strategy"], str(r["sequence_parallel"]), "on" if r["checkpointing"] else "off",
+            "on" if r["compile"] else "off", memory, rate]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # never enable NVLink multicast (only fills in a missing value)
+    info = dist_utils.setup(args.device, need_group=True)  # a group of one on one GPU: DDP and FSDP2 both wrap
+    try:
+        device = torch.device(f"cuda:{info.local_rank}" if args.device == "cuda" else "cpu")
+        if device.type == "cpu":
+            torch.set_num_threads(1)
+        writer = None
+        if info.is_main:
+            machine = machine_info(device)
+            line = machine_line(machine)
+            print(line, flush=True)
+            config = {k: (str(v) if isinstance(v, pathlib.Path) else v) for k, v in vars(args).items()}
+            writer = ResultWriter(args.out / "train_memory.json", "train_memory", machine, line,
+                                  {**config, "argv": sys.argv, "world_size": info.world_size,
+                                   "backend": dist.get_backend()})
+        start, layouts, records = time.perf_counter(), {}, []
+        for conf in configurations(args, info.world_size):
+            if time.perf_counter() - start > args.budget_s:
+                if writer:
+                    writer.skip(json.dumps(conf), f"--budget-s {args.budget_s} passed")
+                continue
+            sp = conf["sequence_parallel"]
+            if sp not in layouts:
+                layouts[sp] = parallel.build_layout(info, sp, device, sp_capable=args.arch == "tnl")
+            try:
+                mine = measure(conf, args, info, device, layouts[sp])
+            except Exception as exc:  # noqa: BLE001 - an OOM (or a failure) of one configuration ends only it
+                mine = record_failure({}, exc)
+                _release(device)
+            record = _combine(conf, _gather(mine, info), args, info.world_size)
+            records.append(record)
+            if writer:
+                writer.add("results", record)
+                print(json.dumps(record), flush=True)
+        if writer:
+            print(format_table(["strategy", "sp", "act. ckpt", "compile", "peak GiB/GPU", "tokens/s"],
+                               [_row(r) for r in records]), flush=True)
+    finally:
+        dist_utils.teardown(info)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
