@@ -192,3 +192,37 @@ def test_debug_mode_reports_an_overflow_and_where(backend, configure):
     configure(debug=True)
     with pytest.raises(ValueError, match=rf"overflow: .* first at token {first} .* within tokens 0\.\.{first} "):
         la.lightning_attn(q, k, v)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_debug_mode_guards_a_decode_step(backend, configure):
+    """Non-finite inputs are refused before the pool is written; a row whose state overflows at this step is named."""
+    configure(backend=backend, debug=True)
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.rand(3, H, 16, generator=g) + 0.5 for _ in range(3))
+    pool = torch.zeros(4, H, 16, 16)
+    idx = torch.tensor([2, -1, 0])
+    bad = k.clone()
+    bad[2, 1, 7] = float("nan")
+    with pytest.raises(ValueError, match=r"k is not finite at slot 2, head 1"):
+        la.lightning_attn_decode(q, bad, v, pool, state_indices=idx)
+    assert not pool.any(), "a refused step wrote the pool"
+    pool[0] = 3e38  # row 0 (slot 2) is one token away from float32's limit
+    with pytest.raises(ValueError, match=r"overflow: .* pool row 0 .* slot 2, head 0"):
+        la.lightning_attn_decode(q, k, v, pool, state_indices=idx)
+    configure(debug=False)
+    pool[0] = 3e38
+    o = la.lightning_attn_decode(q, k, v, pool, state_indices=idx)  # outside debug mode: computed, silently
+    assert not torch.isfinite(o[2]).all()
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_debug_mode_reports_a_final_state_no_output_reads(backend, configure):
+    """The inter-only mode's outputs read the state before their chunk: an overflow in the last chunk shows in the
+    final state alone."""
+    from lightning_attention.ops.lightning.inter import lightning_attn_inter
+
+    configure(backend=backend, debug=True)
+    q, k, v = _overflowing(T_total=96, big_from=70)  # chunks of 32: tokens 64..95 read the state after token 63
+    with pytest.raises(ValueError, match="every output are finite but the final state of sequence 0 is not"):
+        lightning_attn_inter(q, k, v, chunk_size=32, output_final_state=True)

@@ -20,8 +20,10 @@ On the Triton backend the step is :func:`lightning_attention.ops.lightning.decod
 
 import torch
 
+from lightning_attention import settings
 from lightning_attention.backend import triton_ops, use_triton
 from lightning_attention.ops.lightning.naive import compute_dtype
+from lightning_attention.ops.lightning.numerics import guarded_decode_step
 from lightning_attention.ops.lightning.decode_validation import check_decode_inputs
 
 
@@ -92,7 +94,8 @@ def lightning_attn_decode(
     Input checks (docs/design.md, "Input checks"): structure (types, shapes, dtypes, devices), and that ``state`` and
     ``out`` are not expanded (stride-0) views and share no memory with q, k, v or each other, on every call; the
     slope's range (float32) and ``state_indices`` values on CPU tensors, on CUDA tensors in debug mode. A call that
-    fails a check writes nothing.
+    fails a check writes nothing. Debug mode also refuses non-finite q, k, v and reports a state that overflows at
+    this step (docs/design.md, "Non-finite values and overflow").
 
     Returns:
         o ``[B, H, V]`` in q.dtype (``out`` when given).
@@ -131,6 +134,14 @@ def lightning_attn_decode(
     assignment ``pool[rows] = ht`` is the hand-off. Decode updates the named rows in place.
     """
     check_decode_inputs(q, k, v, state, slope, scale=scale, state_indices=state_indices, out=out)
+    if settings.current().debug and not torch.compiler.is_compiling():
+        return guarded_decode_step(lambda: _step(q, k, v, state, slope, scale, state_indices, out), q, k, v, state,
+                                   state_indices)  # fmt: skip
+    return _step(q, k, v, state, slope, scale, state_indices, out)
+
+
+def _step(q, k, v, state, slope, scale, state_indices, out):
+    """The validated step on the backend the settings pick."""
     if use_triton(q):
         return _triton_step()(q, k, v, state, slope, float(scale), state_indices, out)
     with torch.no_grad():

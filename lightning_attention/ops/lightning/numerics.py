@@ -11,7 +11,9 @@ on CPU and CUDA tensors (they sync), and raise a ValueError that names the tenso
 - :func:`check_finite_inputs` before the op: q, k, v finite;
 - :func:`check_gradient_finite` (through :class:`FiniteGradient`) in the backward: do finite;
 - :func:`check_outputs_finite` after the op: with finite inputs, a non-finite output is an overflow, reported with
-  the tokens where it happened.
+  the tokens where it happened;
+- :func:`guarded_decode_step` around a decode step: finite q, k, v before, and a non-finite output from finite
+  inputs and a finite pool row is that row's state overflowing at this step.
 
 Nothing runs while torch.compile traces (:func:`debug_checks_enabled`).
 """
@@ -63,21 +65,30 @@ def check_finite_inputs(op: str, tensors: dict[str, torch.Tensor], offsets: list
             )
 
 
-def check_outputs_finite(op: str, o: torch.Tensor, offsets: list[int] | None = None) -> None:
-    """After a call whose inputs were finite: ``o [B, T, H, V]`` is finite, else a ValueError that reports an
-    overflow and the tokens where it happened: those from its sequence's start up to the first token whose output
-    is not finite. (The final state needs no check of its own: the last token's output reads it, inclusively.)"""
+def check_outputs_finite(
+    op: str, o: torch.Tensor, offsets: list[int] | None = None, final_state: torch.Tensor | None = None
+) -> None:
+    """After a call whose inputs were finite: ``o [B, T, H, V]`` and ``final_state [N, H, K, V]`` (when returned)
+    are finite, else a ValueError that reports an overflow and the tokens where it happened: those from its
+    sequence's start up to the first token whose output is not finite. (In ``lightning_attn`` every state a final
+    state passes through is read by an output; in the inter-only mode the last chunk's is not, hence the second
+    check.)"""
     token = first_non_finite_token(o)
-    if token is None:
-        return
-    t = token[1]
-    start = 0 if offsets is None else max(x for x in offsets if x <= t)
-    raise ValueError(
-        f"{op}: overflow: the inputs are finite but the output is not, first at {_where(token, offsets)}: the "
-        f"float32 state or the output ({o.dtype}) left its range within tokens {start}..{t} of the sequence (the "
-        f"outputs before token {t} are finite). Without decay the state grows like the sum of k_tᵀ v_t: scale k or "
-        f"v down, or use a decay ({DOCS})"
-    )
+    if token is not None:
+        t = token[1]
+        start = 0 if offsets is None else max(x for x in offsets if x <= t)
+        raise ValueError(
+            f"{op}: overflow: the inputs are finite but the output is not, first at {_where(token, offsets)}: the "
+            f"float32 state or the output ({o.dtype}) left its range within tokens {start}..{t} of the sequence "
+            f"(the outputs before token {t} are finite). Without decay the state grows like the sum of k_tᵀ v_t: "
+            f"scale k or v down, or use a decay ({DOCS})"
+        )
+    if final_state is not None and not bool(torch.isfinite(final_state).all()):
+        n = int((~torch.isfinite(final_state)).flatten(1).any(dim=1).nonzero()[0])
+        raise ValueError(
+            f"{op}: overflow: the inputs and every output are finite but the final state of sequence {n} is not: "
+            f"the float32 state left its range after the last state any output read ({DOCS})"
+        )
 
 
 def check_gradient_finite(op: str, grad: torch.Tensor, offsets: list[int] | None = None) -> None:
@@ -120,7 +131,36 @@ def guarded(op: str, run, tensors: dict[str, torch.Tensor], offsets: list[int] |
     check_finite_inputs(op, tensors, offsets)
     check_finite_state(op, "initial_state", initial_state)
     o, final_state = run()
-    check_outputs_finite(op, o, offsets)
+    check_outputs_finite(op, o, offsets, final_state)
     if o.requires_grad:
         o = FiniteGradient.apply(o, op, offsets)
     return o, final_state
+
+
+def guarded_decode_step(run, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.Tensor, state_indices):
+    """``run()`` -> o ``[B, H, V]`` of a decode step on q, k ``[B, H, K]``, v ``[B, H, V]`` and the pool ``state
+    [P, H, K, V]``, with the debug checks around it: q, k, v finite (before anything is written), and after the step
+    a finite output wherever the inputs and the slot's pool row were finite (else an overflow of that row's state at
+    this step; the pool then holds it)."""
+    op = "lightning_attn_decode"
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        bad = first_non_finite_token(x)
+        if bad is not None:
+            raise ValueError(f"{op}: {name} is not finite at slot {bad[0]}, head {bad[1]} (debug mode refuses it: "
+                             f"{DOCS})")  # fmt: skip
+    B, P = q.shape[0], state.shape[0]
+    rows = torch.arange(B, device=q.device) if state_indices is None else state_indices.long()
+    active = (rows >= 0) & (rows < P)
+    was_finite = torch.isfinite(state[rows.clamp(0, max(P - 1, 0))].flatten(2)).all(dim=2) if P else None
+    o = run()
+    if P == 0:
+        return o
+    overflow = active[:, None] & was_finite & ~torch.isfinite(o).all(dim=2)  # [B, H]
+    if bool(overflow.any()):
+        b, h = (int(i) for i in overflow.nonzero()[0])
+        raise ValueError(
+            f"{op}: overflow: the inputs and the state of pool row {int(rows[b])} were finite, but after this step "
+            f"the output of slot {b}, head {h} is not: that row's float32 state left its range at this token (the "
+            f"pool now holds it). Without decay the state grows like the sum of k_tᵀ v_t ({DOCS})"
+        )
+    return o
