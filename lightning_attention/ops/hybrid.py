@@ -8,10 +8,10 @@ chunks restart at every sequence start). For token t of the chunk starting at c0
     o_t     = intra_t + inter_t                                                         (combine="add")
 
 with S, z the normalised linear-attention state (:mod:`lightning_attention.ops.normalized`) over all tokens of the
-*previous* chunks only, decayed with λ = exp(-slope) (``slope=None``: λ = 1, the seed). The first chunk has no
+*previous* chunks only, decayed with λ = exp(-slope) (``slope=None``: λ = 1, no decay). The first chunk has no
 previous tokens: its inter term is 0 / eps = 0.
 
-How the two parts combine: they are **added** (``combine="add"``, the seed's rule and the only one offered). Each
+How the two parts combine: they are **added** (``combine="add"``, the only rule offered). Each
 part is a normalised average of values (its weights sum to 1), so the sum weighs local and distant context equally
 whatever their numbers of tokens; a model learns the balance through its projections (or an output gate).
 
@@ -102,7 +102,7 @@ def hybrid_chunk_attn(
 
     Args:
         q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; one dtype (float16 / bfloat16 / float32; float64 for references).
-        slope: ``[H]`` float32 >= 0 (decay of the linear state, λ = exp(-slope)) or None (no decay, the seed).
+        slope: ``[H]`` float32 >= 0 (decay of the linear state, λ = exp(-slope)) or None (no decay).
         chunk_size: C >= 1 tokens per chunk; any T works (the last chunk may be shorter).
         feature_map: a positive feature map for the linear part (``"elu+1"``, ``"relu2"``, a LearnedFeatureMap, ...);
             ``"identity"`` / ``"silu"`` raise ValueError.

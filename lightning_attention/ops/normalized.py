@@ -8,10 +8,10 @@ Per head, with λ = exp(-slope) (``slope=None``: λ = 1), a positive feature map
     o_t = (scale · φ(q_t))ᵀ S_t / ((scale · φ(q_t))ᵀ z_t + eps)
     final_state = (S_{T-1}, z_{T-1})
 
-Inclusive like ``lightning_attn`` (token t is in S_t and z_t before it is read), in the parallel path *and* in the decode
-step (seed 004's decode reads before it writes, and clamps where its parallel path adds: both fixed here). One eps
-form, ``den + eps``, everywhere. ``scale`` multiplies φ(q) (as in FLA's normalised linear attention): it cancels
-between numerator and denominator except against eps.
+Inclusive like ``lightning_attn`` (token t is in S_t and z_t before it is read), in the parallel path *and* in the
+decode step (a decode that read before writing, or clamped the denominator where the parallel path adds eps, would
+disagree with the parallel path). One eps form, ``den + eps``, everywhere. ``scale`` multiplies φ(q) (as in FLA's
+normalised linear attention): it cancels between numerator and denominator except against eps.
 
 How it runs — the normaliser rides along with the values. With v' = [v, 1] (one extra value column of ones) the
 state of ``lightning_attn(φ(q), φ(k), v')`` is [S | z], and its output column V is φ(q)ᵀz: numerator and
