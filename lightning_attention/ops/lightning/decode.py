@@ -105,9 +105,9 @@ def lightning_attn_decode(
 
     Host overhead (a decode step at small batch is bound by it, not by the GPU): the structural checks are
     remembered per signature of shapes, strides, dtypes and devices (:func:`~lightning_attention.ops.lightning.
-    decode_validation.check_decode_inputs`) and, in plain eager mode on CUDA, the compiled kernel is launched directly once Triton's
-    own launch has been checked against it (:mod:`~lightning_attention.ops.lightning.launch`); docs/kernels.md,
-    "Decode", gives the measured costs.
+    decode_validation.check_decode_inputs`) and, in plain eager mode on CUDA, the compiled kernel is launched
+    directly once Triton's own launch has been checked against it (:mod:`~lightning_attention.ops.lightning.launch`);
+    docs/kernels.md, "Decode", gives the measured costs.
 
     Example (prefill, then decode from the pool)::
 

@@ -44,9 +44,9 @@ def decode_signature(q, k, v, state, slope, scale, state_indices, out) -> tuple 
 
     Per argument its type, shape, dtype and device (``None`` stays ``None``), the strides of q, k, v, state and out,
     and the type of ``scale``: the checks are ``isinstance`` tests and comparisons of these, so two calls with equal
-    signatures pass or fail alike (and q, k, v, state, out span the same number of bytes). Storage and values are not in it. An argument without these
-    attributes (not a tensor) gives ``None``: the full checks run and raise the error that names it. (Spelled out
-    flat: this runs on every decode step.)
+    signatures pass or fail alike (and q, k, v, state, out span the same number of bytes). Storage and values are
+    not in it. An argument without these attributes (not a tensor) gives ``None``: the full checks run and raise the
+    error that names it. (Spelled out flat: this runs on every decode step.)
     """
     try:
         return (
