@@ -32,7 +32,8 @@ function, and so do these two. Differences from FLA, all deliberate:
   layout and is accepted); ``chunk_size`` is checked like FLA (a power of two) but this library picks its own tiles,
   which changes nothing but rounding;
 - ``cu_seqlens_cpu`` (a host copy of ``cu_seqlens``) is accepted by both functions and spares the launcher a
-  device->host sync (FLA's ``chunk_lightning_attn`` ignores it);
+  device->host sync (FLA's ``chunk_lightning_attn`` ignores it); when given, its offsets are the ones computed with
+  (the reverse mode's reversal too), as in :func:`lightning_attention.lightning_attn`;
 - ``layer_idx`` and ``num_layers`` must be ints with ``0 <= layer_idx <= num_layers`` and ``num_layers >= 1``:
   outside that FLA's formula gives negative slopes (λ > 1, a state that grows without bound) or divides by zero;
 - inputs are validated like :func:`lightning_attention.lightning_attn` (errors name the argument); float64 inputs
@@ -42,14 +43,16 @@ function, and so do these two. Differences from FLA, all deliberate:
 import torch
 
 from lightning_attention.ops.lightning.interface import lightning_attn
-from lightning_attention.ops.lightning.validation import check_lightning_attn_inputs
+from lightning_attention.ops.lightning.offsets import offsets_for
+from lightning_attention.ops.lightning.validation import (
+    check_lightning_attn_inputs,
+    require_bool,
+    require_int,
+    require_ndim,
+    require_tensor,
+)
 
 _HALF_STATE_DTYPES = (torch.float16, torch.bfloat16)
-
-
-def _require_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
 
 
 def fla_slopes(num_heads: int, layer_idx: int, num_layers: int, device=None) -> torch.Tensor:
@@ -61,13 +64,9 @@ def fla_slopes(num_heads: int, layer_idx: int, num_layers: int, device=None) -> 
     most 2 ulp (about 2e-7 relative). Head 0 has slope 0 (no decay); ``layer_idx == num_layers`` gives no decay
     on any head.
     """
-    _require_int("num_heads", num_heads)
-    _require_int("layer_idx", layer_idx)
-    _require_int("num_layers", num_layers)
-    if num_heads < 1:
-        raise ValueError(f"num_heads must be >= 1, got {num_heads}")
-    if num_layers < 1:
-        raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+    num_heads = require_int("num_heads", num_heads, minimum=1)
+    layer_idx = require_int("layer_idx", layer_idx)
+    num_layers = require_int("num_layers", num_layers, minimum=1)
     if not 0 <= layer_idx <= num_layers:
         raise ValueError(
             f"layer_idx must be in [0, num_layers] = [0, {num_layers}], got {layer_idx} "
@@ -90,7 +89,7 @@ def _check_chunk_options(chunk_size, kwargs: dict) -> None:
         hint = " (reverse=True: use fused_recurrent_lightning_attn)" if "reverse" in kwargs else ""
         raise TypeError(f"chunk_lightning_attn() got unexpected keyword arguments: {names}{hint}")
     if chunk_size is not None:
-        _require_int("chunk_size", chunk_size)
+        chunk_size = require_int("chunk_size", chunk_size)
         if chunk_size < 1 or chunk_size & (chunk_size - 1):
             raise ValueError(f"chunk_size must be a power of 2, got {chunk_size}")
 
@@ -103,9 +102,11 @@ def _sequence_reversal(cu_seqlens: torch.Tensor | None, length: int, device) -> 
     """
     if cu_seqlens is None:
         return None
-    position = torch.arange(length, device=device, dtype=cu_seqlens.dtype)
-    sequence = torch.searchsorted(cu_seqlens[1:].contiguous(), position, right=True)
-    return cu_seqlens[sequence] + cu_seqlens[sequence + 1] - 1 - position
+    # clamped: offsets whose values were not checked (CUDA outside debug mode) still index inside the row
+    cu = cu_seqlens.clamp(0, length)
+    position = torch.arange(length, device=device, dtype=cu.dtype)
+    sequence = torch.searchsorted(cu[1:].contiguous(), position, right=True).clamp(max=max(cu.numel() - 2, 0))
+    return (cu[sequence] + cu[sequence + 1] - 1 - position).clamp(0, max(length - 1, 0))
 
 
 def _reverse_time(x: torch.Tensor, order: torch.Tensor | None) -> torch.Tensor:
@@ -117,10 +118,9 @@ def _fla_lightning_attn(
     q, k, v, layer_idx, num_layers, scale, initial_state, output_final_state, reverse, cu_seqlens, cu_seqlens_cpu
 ):
     """The shared body of both entry points (shapes in their docstrings)."""
-    if not isinstance(q, torch.Tensor) or q.ndim != 4:
-        raise ValueError(f"q must be a 4-d tensor [B, T, H, K], got {getattr(q, 'shape', type(q).__name__)}")
-    if not isinstance(reverse, bool):
-        raise TypeError(f"reverse must be a bool, got {type(reverse).__name__}")
+    require_tensor("q", q)
+    require_ndim("q", q, 4, "[B, T, H, K]")
+    require_bool("reverse", reverse)
     slope = fla_slopes(q.shape[2], layer_idx, num_layers, device=q.device)
     if scale is None and isinstance(k, torch.Tensor):  # a k that is not a tensor is named by the op's checks
         scale = k.shape[-1] ** -0.5
@@ -137,7 +137,7 @@ def _fla_lightning_attn(
         return lightning_attn(q, k, v, slope, **options)
     # the reversal index reads cu_seqlens: validate first, so a bad argument is named rather than failing in there
     check_lightning_attn_inputs(q, k, v, slope, backward="auto", **options)
-    order = _sequence_reversal(cu_seqlens, q.shape[1], q.device)
+    order = _sequence_reversal(offsets_for(cu_seqlens, cu_seqlens_cpu, q.device), q.shape[1], q.device)
     q, k, v = (_reverse_time(x, order) for x in (q, k, v))
     o, final_state = lightning_attn(q, k, v, slope, **options)
     return _reverse_time(o, order), final_state

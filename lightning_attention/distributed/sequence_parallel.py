@@ -64,6 +64,8 @@ def _world(group) -> tuple[int, int]:
         if group is not None:
             raise RuntimeError("lightning_attn_sp got a process group but torch.distributed is not initialised")
         return 1, 0
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"group must be a torch.distributed ProcessGroup or None, got {type(group).__name__}")
     rank = dist.get_rank(group)
     if rank < 0:
         raise ValueError("lightning_attn_sp was called on a rank that is not a member of `group`")
@@ -221,7 +223,10 @@ def lightning_attn_sp(
     exchanged; a rank whose own inputs are invalid raises its own error and the others name it. This is checked on
     every call for CPU tensors (gloo) and with ``LIGHTNING_ATTENTION_DEBUG=1``, on the first call of each shape
     signature for CUDA tensors (:mod:`lightning_attention.distributed.call_header`; h0's values in debug mode only).
-    Communication per call: one all-gather of ``[B, H, K, V]`` states in each direction, independent of T
+    Each rank's own arguments are checked as :func:`lightning_attention.lightning_attn` checks them (structure always;
+    the slope's range on CPU tensors or in debug mode; in debug mode also non-finite inputs and overflow) and
+    ``group`` must be a ``ProcessGroup`` or None (TypeError). Communication per call: one all-gather of
+    ``[B, H, K, V]`` states in each direction, independent of T
     (:func:`~lightning_attention.distributed.comm_volume.sp_communication_bytes`). Compute: one call of the public
     op per rank plus the inter-rank term ``λ^(t+1) q_t S_in`` (2·T_r·K·V FLOP per head, like one inter-chunk product).
     """

@@ -20,13 +20,14 @@ Both use the same slopes (``tnl_slopes``, or ``paper_slopes`` with ``decay="pape
 - one new token per sequence with a cached state: ``lightning_attn_decode`` (fp32 state updated in place);
 - a ``sequence_parallel_group``: ``lightning_attention.distributed.lightning_attn_sp`` (imported when first used).
 
-Padding (``token_mask`` False at a position): k and v are zeroed there. The state update ``S = λS + kᵀv`` then adds
-``kᵀ·0 = 0`` (zeroing v alone would already make the outer product vanish, whatever k is), but λ still multiplies S at
-a padded step. That is harmless for left padding from an empty state (λ·0 = 0) and for right padding when no final
-state is needed (outputs at real positions never see later steps). When a final state must be exact for any padding
-pattern and any initial state (a cache is being filled), the real tokens are packed into one varlen row
-(``cu_seqlens``) instead, so padded steps do not exist at all. In a decode step a padded row is a ``-1`` slot: its
-state is not touched.
+Padding (``token_mask`` False at a position): q, k and v are zeroed there by selection (``torch.where``: whatever
+the padded positions hold, NaN included, since 0 · NaN would still be NaN), and so is the output, so that the
+backward sends exactly zero into the op from padded positions. The state update ``S = λS + kᵀv`` then adds 0 at a
+padded step, but λ still multiplies S there. That is harmless for left padding from an empty state (λ·0 = 0) and for
+right padding when no final state is needed (outputs at real positions never see later steps). When a final state
+must be exact for any padding pattern and any initial state (a cache is being filled), the real tokens are packed
+into one varlen row (``cu_seqlens``) instead, so padded steps do not exist at all. In a decode step a padded row is
+a ``-1`` slot: its state is not touched. Either way the output is zero at padded positions.
 """
 
 import torch
@@ -38,6 +39,7 @@ from lightning_attention.nn.srmsnorm import RMSNorm, SRMSNorm
 from lightning_attention.ops.decay import paper_slopes, tnl_slopes
 from lightning_attention.ops.lightning.decode import lightning_attn_decode
 from lightning_attention.ops.lightning.interface import lightning_attn
+from lightning_attention.ops.lightning.validation import require_tensor
 
 DECAY_RECIPES = {"tnl": tnl_slopes, "paper": paper_slopes}
 VARIANTS = ("tnl", "minimax")
@@ -170,6 +172,13 @@ class TNLAttention(nn.Module):
             ``[B, T, d_model]`` in the activation dtype.
         """
         B, T, _ = x.shape
+        if token_mask is not None:
+            require_tensor("token_mask", token_mask)
+            if token_mask.dtype != torch.bool or tuple(token_mask.shape) != (B, T):
+                raise ValueError(
+                    f"token_mask must be a bool tensor of shape [B, T] = {(B, T)}, got {token_mask.dtype} "
+                    f"{tuple(token_mask.shape)}"
+                )
         q, k, v, gate = self._project(x, positions)
         o = self._attend(q, k, v, token_mask, cache, cu_seqlens)  # [B, T, H, D]
         o = self.norm(o.reshape(B, T, self.hidden_dim))
@@ -197,13 +206,14 @@ class TNLAttention(nn.Module):
         elif token_mask is not None and cache is not None:
             o, final = self._packed(q, k, v, slope, token_mask, state)
         else:
-            if token_mask is not None:
-                keep = token_mask[:, :, None, None]
-                k = k.masked_fill(~keep, 0)  # masked_fill, not a product: 0 · NaN would still be NaN
-                v = v.masked_fill(~keep, 0)
+            keep = None if token_mask is None else token_mask[:, :, None, None]
+            if keep is not None:  # selected, not multiplied: 0 · NaN would still be NaN (module docstring)
+                q, k, v = (torch.where(keep, x, 0.0) for x in (q, k, v))
             o, final = lightning_attn(
                 q, k, v, slope, initial_state=state, output_final_state=cache is not None, cu_seqlens=cu_seqlens
             )
+            if keep is not None:  # so that the backward sends exactly 0 into the op at padded positions
+                o = torch.where(keep, o, 0.0)
         if cache is not None:
             cache.update_recurrent_state(final, self.layer_idx)
         return o

@@ -8,10 +8,10 @@ chunks restart at every sequence start). For token t of the chunk starting at c0
     o_t     = intra_t + inter_t                                                         (combine="add")
 
 with S, z the normalised linear-attention state (:mod:`lightning_attention.ops.normalized`) over all tokens of the
-*previous* chunks only, decayed with λ = exp(-slope) (``slope=None``: λ = 1, the seed). The first chunk has no
+*previous* chunks only, decayed with λ = exp(-slope) (``slope=None``: λ = 1, no decay). The first chunk has no
 previous tokens: its inter term is 0 / eps = 0.
 
-How the two parts combine: they are **added** (``combine="add"``, the seed's rule and the only one offered). Each
+How the two parts combine: they are **added** (``combine="add"``, the only rule offered). Each
 part is a normalised average of values (its weights sum to 1), so the sum weighs local and distant context equally
 whatever their numbers of tokens; a model learns the balance through its projections (or an output gate).
 
@@ -35,7 +35,16 @@ import torch.nn.functional as F
 from lightning_attention.ops.feature_maps import FeatureMapLike, require_positive
 from lightning_attention.ops.lightning.inter import check_chunk_size, lightning_attn_inter
 from lightning_attention.ops.lightning.naive import compute_dtype
-from lightning_attention.ops.lightning.validation import check_lightning_attn_inputs, check_slope
+from lightning_attention.ops.lightning.validation import (
+    check_lightning_attn_inputs,
+    check_offsets,
+    check_qkv,
+    check_slope,
+    require_device,
+    require_float,
+    require_int,
+    require_tensor,
+)
 from lightning_attention.ops.normalized import attend_with_normaliser, check_eps
 
 COMBINE_MODES = ("add",)
@@ -93,7 +102,7 @@ def hybrid_chunk_attn(
 
     Args:
         q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; one dtype (float16 / bfloat16 / float32; float64 for references).
-        slope: ``[H]`` float32 >= 0 (decay of the linear state, λ = exp(-slope)) or None (no decay, the seed).
+        slope: ``[H]`` float32 >= 0 (decay of the linear state, λ = exp(-slope)) or None (no decay).
         chunk_size: C >= 1 tokens per chunk; any T works (the last chunk may be shorter).
         feature_map: a positive feature map for the linear part (``"elu+1"``, ``"relu2"``, a LearnedFeatureMap, ...);
             ``"identity"`` / ``"silu"`` raise ValueError.
@@ -102,9 +111,13 @@ def hybrid_chunk_attn(
         scale: multiplies φ(q) in the linear part (cancels except against eps).
         combine: ``"add"`` (o = intra + inter).
         cu_seqlens: ``[N + 1]`` offsets of packed sequences (B == 1) or None; chunks restart at each sequence.
+            The softmax part cuts the sequences on the host: the offsets are read (a sync on CUDA) and checked on
+            every device.
 
     Returns:
         o ``[B, T, H, V]`` in q.dtype. Differentiable in q, k, v and the feature map's parameters.
+
+    Inputs are checked as :func:`lightning_attention.lightning_attn` checks them, plus the options above.
     """
     phi = require_positive(feature_map)
     eps = check_eps(eps)
@@ -114,13 +127,15 @@ def hybrid_chunk_attn(
         q, k, v, slope, scale=scale, initial_state=None, output_final_state=False,
         cu_seqlens=cu_seqlens, cu_seqlens_cpu=None, backward="auto",
     )
-    if softmax_scale is None:
-        softmax_scale = q.shape[-1] ** -0.5
+    softmax_scale = _check_softmax_scale(softmax_scale, q)
 
     if cu_seqlens is None:
         intra = chunked_causal_softmax(q, k, v, chunk_size=chunk_size, softmax_scale=softmax_scale)
     else:
+        # the softmax part cuts the sequences on the host: the values are read anyway, so they are checked here on
+        # every device (a device->host copy on CUDA)
         offsets = [int(x) for x in cu_seqlens.tolist()]
+        check_offsets("cu_seqlens", offsets, q.shape[1])
         pieces = [
             chunked_causal_softmax(q[:, a:b], k[:, a:b], v[:, a:b], chunk_size=chunk_size, softmax_scale=softmax_scale)
             for a, b in zip(offsets[:-1], offsets[1:])
@@ -172,6 +187,42 @@ class HybridDecodeState:
         return self.keys.shape[2]
 
 
+def _check_softmax_scale(softmax_scale, q: torch.Tensor) -> float:
+    """softmax_scale: None (``K ** -0.5``) or a finite Python float."""
+    if softmax_scale is None:
+        return q.shape[-1] ** -0.5
+    return require_float("softmax_scale", softmax_scale)
+
+
+def _check_cache(cache, q: torch.Tensor, v: torch.Tensor) -> None:
+    """``cache`` is a :class:`HybridDecodeState` for these q ``[B, H, K]`` and v ``[B, H, V]``: its buffers on q's
+    device with q's batch, heads and dims (keys and values in q's dtype) and a position inside its chunk."""
+    if not isinstance(cache, HybridDecodeState):
+        raise TypeError(f"cache must be a HybridDecodeState (HybridDecodeState.empty), got {type(cache).__name__}")
+    B, H, K = q.shape
+    V = v.shape[-1]
+    C = cache.keys.shape[2] if cache.keys.ndim == 4 else -1
+    for name, x, shape in (
+        ("cache.keys", cache.keys, (B, H, C, K)),
+        ("cache.values", cache.values, (B, H, C, V)),
+        ("cache.phi_keys", cache.phi_keys, (B, H, C, cache.state.shape[2] if cache.state.ndim == 4 else -1)),
+        ("cache.state", cache.state, (B, H, cache.phi_keys.shape[-1], V + 1)),
+    ):
+        require_tensor(name, x)
+        if tuple(x.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape} for q {tuple(q.shape)} and v {tuple(v.shape)}, "
+                             f"got {tuple(x.shape)}")  # fmt: skip
+        require_device(name, x, q.device)
+    for name, x in (("cache.keys", cache.keys), ("cache.values", cache.values)):
+        if x.dtype != q.dtype:
+            raise TypeError(f"{name} must have the dtype of q ({q.dtype}), got {x.dtype}")
+    if cache.state.dtype != compute_dtype(q.dtype):
+        raise TypeError(f"cache.state must be {compute_dtype(q.dtype)}, got {cache.state.dtype}")
+    pos = require_int("cache.pos", cache.pos, minimum=0)
+    if pos >= C:
+        raise ValueError(f"cache.pos must be < the chunk size {C}, got {pos}")
+
+
 def hybrid_chunk_attn_decode(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -199,19 +250,20 @@ def hybrid_chunk_attn_decode(
 
     Returns:
         o ``[B, H, V]`` in q.dtype.
+
+    Input checks, before the cache is touched: q, k, v's structure, the cache's buffers against them (shapes, dtypes,
+    device, ``0 <= pos < chunk_size``), slope as :func:`lightning_attention.lightning_attn` checks it, scale,
+    softmax_scale and eps.
     """
     phi = require_positive(feature_map)
     eps = check_eps(eps)
+    check_qkv(q, k, v, 3, "[B, H, K]", "[B, H, V]")
     B, H, K = q.shape
     V = v.shape[-1]
-    if k.shape != q.shape or v.shape[:2] != (B, H) or cache.keys.shape[:2] != (B, H) or cache.values.shape[-1] != V:
-        raise ValueError(
-            f"q, k must be [B, H, K] and v [B, H, V] matching the cache {tuple(cache.keys.shape)}, "
-            f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-        )
+    _check_cache(cache, q, v)
     check_slope(slope, H, q.device)
-    if softmax_scale is None:
-        softmax_scale = K ** -0.5
+    require_float("scale", scale)
+    softmax_scale = _check_softmax_scale(softmax_scale, q)
     C, p = cache.chunk_size, cache.pos
     ct = cache.state.dtype
     with torch.no_grad():

@@ -9,9 +9,9 @@ Per head, with λ = exp(-slope) (``slope=None``: λ = 1), a positive feature map
     final_state = (S_{T-1}, z_{T-1})
 
 Inclusive like ``lightning_attn`` (token t is in S_t and z_t before it is read), in the parallel path *and* in the
-decode step (a decode that reads before it writes, or clamps where the parallel path adds, disagrees with the parallel
-path: neither happens here). One eps form, ``den + eps``, everywhere. ``scale`` multiplies φ(q) (as in FLA's normalised linear attention): it cancels
-between numerator and denominator except against eps.
+decode step (a decode that read before writing, or clamped the denominator where the parallel path adds eps, would
+disagree with the parallel path). One eps form, ``den + eps``, everywhere. ``scale`` multiplies φ(q) (as in FLA's
+normalised linear attention): it cancels between numerator and denominator except against eps.
 
 How it runs — the normaliser rides along with the values. With v' = [v, 1] (one extra value column of ones) the
 state of ``lightning_attn(φ(q), φ(k), v')`` is [S | z], and its output column V is φ(q)ᵀz: numerator and
@@ -36,8 +36,9 @@ import torch
 from lightning_attention.ops.feature_maps import FeatureMapLike, require_positive
 from lightning_attention.ops.lightning.decode import lightning_attn_decode, pool_rows
 from lightning_attention.ops.lightning.interface import lightning_attn
+from lightning_attention.ops.lightning.decode_validation import check_no_shared_memory, check_out, require_no_broadcast
 from lightning_attention.ops.lightning.naive import compute_dtype
-from lightning_attention.ops.lightning.validation import check_lightning_attn_inputs
+from lightning_attention.ops.lightning.validation import check_lightning_attn_inputs, check_qkv, require_float
 
 MAX_KERNEL_V = 256  # largest value head dim the kernels take (docs/design.md, "Public API")
 NARROW_V = 16  # smallest value head dim the kernels take: width of the separate normaliser call
@@ -47,11 +48,7 @@ NormalisedState = tuple[torch.Tensor, torch.Tensor]  # (S [N, H, K', V], z [N, H
 
 def check_eps(eps) -> float:
     """eps must be a finite Python float > 0 (den + eps must never be 0: strong decay can underflow den)."""
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-        raise TypeError(f"eps must be a Python float, got {type(eps).__name__}")
-    if not (0.0 < float(eps) < float("inf")):
-        raise ValueError(f"eps must be a finite float > 0, got {eps}")
-    return float(eps)
+    return require_float("eps", eps, positive=True)
 
 
 def fused_normaliser(v_dim: int) -> bool:
@@ -258,20 +255,31 @@ def normalized_linear_attn_decode(
 
     Returns:
         o ``[B, H, V]`` in q.dtype.
+
+    Input checks, before the state is touched: q, k, v, ``out`` and the state pair's structure, and that S, z and
+    ``out`` are not expanded views and ``out`` shares no memory with them or the inputs; slope, scale and
+    state_indices as :func:`lightning_attention.lightning_attn_decode` checks them.
     """
     phi = require_positive(feature_map)
     eps = check_eps(eps)
-    if not isinstance(q, torch.Tensor) or q.ndim != 3 or not isinstance(v, torch.Tensor) or v.ndim != 3:
-        raise ValueError("q, k must be [B, H, K] and v [B, H, V]")
+    # the raw inputs first, so that errors name q, k, v, out rather than the features and the augmented values
+    check_qkv(q, k, v, 3, "[B, H, K]", "[B, H, V]")
+    B, H, _ = q.shape
+    V = v.shape[-1]
+    if not isinstance(state, (tuple, list)) or len(state) != 2:
+        raise TypeError(f"state must be the pair (S [P, H, K', V], z [P, H, K']), got {type(state).__name__}")
+    if out is not None:
+        check_out(out, (B, H, V), q)
     with torch.no_grad():
         phi_q, phi_k = phi(q).to(q.dtype), phi(k).to(q.dtype)
         if q.dtype == torch.float16:  # float16 num/den leave float16's range: see attend_with_normaliser
             phi_q, phi_k, v = phi_q.float(), phi_k.float(), v.float()
-        B, H, V = v.shape
-        if not isinstance(state, (tuple, list)) or len(state) != 2:
-            raise TypeError(f"state must be the pair (S [P, H, K', V], z [P, H, K']), got {type(state).__name__}")
         P = state[0].shape[0] if isinstance(state[0], torch.Tensor) else 0
         s, z = check_state_pair("state", state, (P, H, phi_q.shape[-1], V), q)
+        require_no_broadcast("state[0] (S)", s)
+        require_no_broadcast("state[1] (z)", z)
+        if not torch.compiler.is_compiling():  # addresses cannot be traced
+            check_no_shared_memory({"out": out}, {"q": q, "k": k, "v": v, "state[0] (S)": s, "state[1] (z)": z})
         buf = packed_buffer(s, z)
         if buf is not None:
             v_aug = torch.cat([v, v.new_ones(B, H, 1)], dim=-1)
@@ -292,7 +300,7 @@ def _decode_normaliser(phi_q, phi_k, z, slope, scale, state_indices) -> torch.Te
     """z ← λ z + φ(k) in place on the rows in use; returns scale · φ(q)ᵀz ``[B, H, 1]`` (0 for padding slots)."""
     B, H, _ = phi_q.shape
     ct = compute_dtype(phi_q.dtype)
-    src, rows, active, lam = pool_rows(B, H, state_indices, slope, z.device, ct)
+    src, rows, active, lam = pool_rows(B, H, state_indices, slope, z.device, ct, z.shape[0])
     old = z[rows].to(ct)
     new = lam[None, :, None] * old + phi_k[src].to(ct)
     z[rows] = torch.where(active.any(), new, old).to(z.dtype)

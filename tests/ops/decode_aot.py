@@ -39,7 +39,7 @@ def compile_case(num_bh: int, K: int, V: int, dtype: str, heads: int = 16) -> di
         raise RuntimeError("run without TRITON_INTERPRET=1: the interpreter replaced the kernel object")
     block_k, block_v, num_warps = decode_triton.launch_config(num_bh, K, V, H100_SMS)
     signature = {n: f"*{dtype}" for n in ("q", "k", "v", "out")}
-    signature.update(state="*fp32", slope="*fp32", state_indices="*i32", scale="fp32")
+    signature.update(state="*fp32", slope="*fp32", state_indices="*i32", scale="fp32", P="i32")
     constexprs = dict(H=heads, K=K, V=V, BK=block_k, BV=block_v, HAS_DECAY=True, HAS_INDICES=True)
     for name in fn.arg_names:
         if name.startswith("stride_"):
@@ -50,7 +50,9 @@ def compile_case(num_bh: int, K: int, V: int, dtype: str, heads: int = 16) -> di
     for name in META:
         signature[name] = "constexpr"
     # K, V multiples of 16 here: every pointer and every remaining stride is 16-divisible, as the launcher sees it
-    divisible = [n for n in fn.arg_names if signature[n].startswith("*") or signature[n] == "i32"]
+    divisible = [
+        n for n in fn.arg_names if signature[n].startswith("*") or n.startswith("stride_") and signature[n] == "i32"
+    ]
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in divisible}
     src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})

@@ -18,7 +18,8 @@ import triton
 from triton.runtime.jit import JITFunction
 
 import lightning_attention as la
-from lightning_attention.ops.lightning import decode_triton, validation
+from lightning_attention.ops.lightning import decode_triton
+from lightning_attention.ops.lightning import decode_validation as validation
 from lightning_attention.ops.lightning.decode import decode_step_torch
 from lightning_attention.ops.lightning.launch import Launcher, specialization_key
 from lightning_attention.utils.testing import assert_close
@@ -38,14 +39,14 @@ def _specialise(a):
     return ("i32" if -(2**31) <= a < 2**31 else "i64", a % 16 == 0)
 
 
-# the kernel's constexprs in signature order, after its 24 run-time arguments
+# the kernel's constexprs in signature order, after its 25 run-time arguments
 META = ("H", "K", "V", "BK", "BV", "HAS_DECAY", "HAS_INDICES")
 
 
 def _reference_launch(args):
     """Runs the step the kernel would run for ``args`` (run-time arguments, then META) with the PyTorch path."""
     q, k, v, state, slope, idx, out = args[:7]
-    scale, has_decay, has_indices = args[23], args[29], args[30]  # scale; HAS_DECAY, HAS_INDICES (after H..BV)
+    scale, has_decay, has_indices = args[23], args[30], args[31]  # scale; HAS_DECAY, HAS_INDICES (after H..BV)
     decode_step_torch(q, k, v, state, slope if has_decay else None, scale, idx if has_indices else None, out)
 
 
@@ -84,7 +85,7 @@ class FakeJIT:
     """``kernel[grid](*args, num_warps=..., **constexprs)`` as ``JITFunction.run``: bind the constexprs in signature
     order, specialise, look up or compile, launch."""
 
-    arg_names = [f"arg{i}" for i in range(24)] + list(META)
+    arg_names = [f"arg{i}" for i in range(25)] + list(META)
 
     def __init__(self):
         self.compiled = {}
@@ -96,7 +97,7 @@ class FakeJIT:
         def run(*args, num_warps, **constexprs):
             self.normal_launches += 1
             args = (*args, *(constexprs[name] for name in META))
-            spec = (*map(_specialise, args[:24]), *args[24:], num_warps, *self.hidden())
+            spec = (*map(_specialise, args[:25]), *args[25:], num_warps, *self.hidden())
             compiled = self.compiled.get(spec)
             if compiled is None:
                 compiled = self.compiled[spec] = FakeCompiled(num_warps)

@@ -38,6 +38,7 @@ from lightning_attention.models.transnormer.cache import (
     step_positions,
 )
 from lightning_attention.models.transnormer.config import TransNormerConfig
+from lightning_attention.models.transnormer.inputs import check_labels, check_model_inputs
 from lightning_attention.nn.lrpe import LRPE
 from lightning_attention.nn.sglu import SGLU
 from lightning_attention.nn.softmax_attention import SoftmaxAttention
@@ -188,8 +189,7 @@ class TransNormerModel(TransNormerPreTrainedModel):
             ``BaseModelOutputWithPast(last_hidden_state [B, T, d], cache, hidden_states)`` (the cache field is
             ``past_key_values`` on transformers 4.x).
         """
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        check_model_inputs(self.config, input_ids, inputs_embeds, attention_mask, position_ids, cu_seqlens)
         if cache is not None and past_key_values is not None:
             raise ValueError("pass the cache once: `cache` and `past_key_values` are the same argument")
         cache = past_key_values if cache is None else cache
@@ -203,17 +203,16 @@ class TransNormerModel(TransNormerPreTrainedModel):
         given_cache = cache is not None
         if cache is None and use_cache:
             cache = TransNormerCache(self.config)
-        if cu_seqlens is not None:
-            if B != 1 or attention_mask is not None:
-                raise ValueError("cu_seqlens packs sequences into one row: B must be 1 and attention_mask None")
-            if cache is not None and self.has_softmax_layers:
-                raise ValueError("a cache of a hybrid model cannot be filled from packed sequences")
+        if cu_seqlens is not None and cache is not None and self.has_softmax_layers:
+            raise ValueError("a cache of a hybrid model cannot be filled from packed sequences")
 
         token_mask = None
         if attention_mask is not None:
             current = attention_mask[:, -T:].bool()
             if not bool(current.all()):  # one host sync; unpadded batches then take the plain paths
                 token_mask = current
+                # zeroed by selection: whatever padded positions hold (any embedding, NaN) never reaches a real token
+                x = torch.where(token_mask[..., None], x, 0.0)
         positions = step_positions(B, T, x.device, position_ids, token_mask, cache, cu_seqlens)
         key_mask = None
         if self.has_softmax_layers:
@@ -290,6 +289,8 @@ class TransNormerForCausalLM(TransNormerPreTrainedModel, GenerationMixin):
             ``CausalLMOutputWithPast(loss, logits [B, T', vocab], cache, hidden_states)`` (the cache field is
             ``past_key_values`` on transformers 4.x; :func:`cache_of` reads it on both).
         """
+        if labels is not None:
+            check_labels(labels, input_ids if input_ids is not None else inputs_embeds)
         out = self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
             past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,

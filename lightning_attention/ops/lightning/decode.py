@@ -20,23 +20,31 @@ On the Triton backend the step is :func:`lightning_attention.ops.lightning.decod
 
 import torch
 
+from lightning_attention import settings
 from lightning_attention.backend import triton_ops, use_triton
 from lightning_attention.ops.lightning.naive import compute_dtype
-from lightning_attention.ops.lightning.validation import check_decode_inputs
+from lightning_attention.ops.lightning.numerics import guarded_decode_step
+from lightning_attention.ops.lightning.decode_validation import check_decode_inputs
 
 
-def pool_rows(batch: int, num_heads: int, state_indices, slope, device, ct) -> tuple:
+def pool_rows(batch: int, num_heads: int, state_indices, slope, device, ct, num_rows: int | None = None) -> tuple:
     """The rows a decode step reads and writes on a slot-indexed pool, without shapes that depend on the indices'
     values (so torch.compile captures the step whole): ``(src [B], rows [B], active [B] bool, lam [H])``.
 
     Slot b reads and writes pool row ``rows[b]`` with the inputs of slot ``src[b]``: itself when it is active, else
     (a padding slot) the first active slot, so that every write to a row carries the same value. ``lam``: λ in
     ``ct`` (1 without slope). When no slot is active, ``rows`` is row 0 for every slot and the caller writes back
-    what it read."""
+    what it read. ``num_rows`` (P): an index outside [-1, P), which only an unchecked call can pass (CUDA tensors
+    outside debug mode), is a padding slot too, so no index ever leaves the pool."""
     indices = torch.arange(batch, device=device)
     rows = indices if state_indices is None else state_indices.long()
     active = rows >= 0
-    src = torch.where(active, indices, torch.argmax(active.to(torch.int8)))
+    if num_rows is not None:
+        active = active & (rows < num_rows)
+        rows = rows.clamp(max=max(num_rows - 1, 0))
+    # argmax of an empty batch has no answer: B == 0 reads nothing anyway
+    first = torch.argmax(active.to(torch.int8)) if batch else indices.new_zeros(())
+    src = torch.where(active, indices, first)
     lam = torch.ones(num_heads, device=device, dtype=ct) if slope is None else torch.exp(-slope.to(ct))
     return src, rows[src].clamp(min=0), active, lam
 
@@ -45,7 +53,10 @@ def decode_step_torch(q, k, v, state, slope, scale, state_indices, out):
     """PyTorch decode step (CPU path and reference). Same contract as :func:`lightning_attn_decode`."""
     B, H, K = q.shape
     ct = compute_dtype(q.dtype)
-    src, rows, active, lam = pool_rows(B, H, state_indices, slope, q.device, ct)
+    if state.shape[0] == 0:  # an empty pool: every slot is a padding slot
+        o = q.new_zeros(B, H, v.shape[-1])
+        return o if out is None else out.copy_(o)
+    src, rows, active, lam = pool_rows(B, H, state_indices, slope, q.device, ct, state.shape[0])
     old = state[rows].to(ct)
     new = old * lam[None, :, None, None] + torch.einsum("bhk,bhv->bhkv", k[src].to(ct), v[src].to(ct))
     state[rows] = torch.where(active.any(), new, old).to(state.dtype)
@@ -76,8 +87,15 @@ def lightning_attn_decode(
         scale: output scale, default 1.0.
         state_indices: ``[B]`` int32/int64 row of ``state`` for each sequence; ``-1`` = padding slot (its row is
             not touched and its output is zeros). ``None`` means P == B and row b belongs to sequence b.
-            Duplicate non-negative indices are an error (checked on CPU and with LIGHTNING_ATTENTION_DEBUG=1).
+            Indices outside [-1, P) and duplicate non-negative indices are an error (checked on CPU tensors and with
+            LIGHTNING_ATTENTION_DEBUG=1; on CUDA otherwise an index outside the pool is a padding slot).
         out: optional ``[B, H, V]`` output buffer in q.dtype (no allocation: CUDA-graph friendly).
+
+    Input checks (docs/design.md, "Input checks"): structure (types, shapes, dtypes, devices), and that ``state`` and
+    ``out`` are not expanded (stride-0) views and share no memory with q, k, v or each other, on every call; the
+    slope's range (float32) and ``state_indices`` values on CPU tensors, on CUDA tensors in debug mode. A call that
+    fails a check writes nothing. Debug mode also refuses non-finite q, k, v and reports a state that overflows at
+    this step (docs/design.md, "Non-finite values and overflow").
 
     Returns:
         o ``[B, H, V]`` in q.dtype (``out`` when given).
@@ -86,10 +104,10 @@ def lightning_attn_decode(
     with ``out=`` can be captured in a CUDA graph and replayed with new q/k/v/state_indices copied into its inputs.
 
     Host overhead (a decode step at small batch is bound by it, not by the GPU): the structural checks are
-    remembered per signature of shapes, dtypes and devices (:func:`~lightning_attention.ops.lightning.validation.
-    check_decode_inputs`) and, in plain eager mode on CUDA, the compiled kernel is launched directly once Triton's
-    own launch has been checked against it (:mod:`~lightning_attention.ops.lightning.launch`); docs/kernels.md,
-    "Decode", gives the measured costs.
+    remembered per signature of shapes, strides, dtypes and devices (:func:`~lightning_attention.ops.lightning.
+    decode_validation.check_decode_inputs`) and, in plain eager mode on CUDA, the compiled kernel is launched
+    directly once Triton's own launch has been checked against it (:mod:`~lightning_attention.ops.lightning.launch`);
+    docs/kernels.md, "Decode", gives the measured costs.
 
     Example (prefill, then decode from the pool)::
 
@@ -116,6 +134,14 @@ def lightning_attn_decode(
     assignment ``pool[rows] = ht`` is the hand-off. Decode updates the named rows in place.
     """
     check_decode_inputs(q, k, v, state, slope, scale=scale, state_indices=state_indices, out=out)
+    if settings.current().debug and not torch.compiler.is_compiling():
+        return guarded_decode_step(lambda: _step(q, k, v, state, slope, scale, state_indices, out), q, k, v, state,
+                                   state_indices)  # fmt: skip
+    return _step(q, k, v, state, slope, scale, state_indices, out)
+
+
+def _step(q, k, v, state, slope, scale, state_indices, out):
+    """The validated step on the backend the settings pick."""
     if use_triton(q):
         return _triton_step()(q, k, v, state, slope, float(scale), state_indices, out)
     with torch.no_grad():

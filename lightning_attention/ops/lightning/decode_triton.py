@@ -15,6 +15,7 @@ import torch
 
 from lightning_attention.backend import plain_eager
 from lightning_attention.ops.lightning.device import device_info
+from lightning_attention.ops.lightning.interpreter import require_interpreter
 from lightning_attention.ops.lightning.kernels.configs import cdiv, padded_dim
 from lightning_attention.ops.lightning.kernels.decode import decode_step_kernel
 from lightning_attention.ops.lightning.launch import Launcher
@@ -58,7 +59,7 @@ def launch_decode_step(q, k, v, state, slope, scale, state_indices, out, tiles=N
     the launch configuration (tests cover K loops and ragged V tiles with it).
 
     The kernel's run-time arguments: 7 pointers (an absent slope or state_indices gets q, never read), 16 strides,
-    ``scale``; the constexprs follow from the shapes.
+    ``scale`` and the pool's row count P; the constexprs follow from the shapes.
     """
     B, H, K = q.shape
     grid, constexprs = _launch(
@@ -67,7 +68,7 @@ def launch_decode_step(q, k, v, state, slope, scale, state_indices, out, tiles=N
     args = (  # absent slope / state_indices: q, never read (library.pointers, spelled out: this is a hot path)
         q, k, v, state, q if slope is None else slope, q if state_indices is None else state_indices, out,
         *q.stride(), *k.stride(), *v.stride(), *state.stride(), *out.stride(),
-        scale,
+        scale, state.shape[0],
     )  # fmt: skip
     _LAUNCHER(grid, args, constexprs, q)
 
@@ -114,6 +115,8 @@ def decode_step_triton(q, k, v, state, slope, scale, state_indices, out):
     In plain eager mode the launch bumps the version counters of ``state`` and ``out`` as the operator would
     (autograd sees the in-place write).
     """
+    if not q.is_cuda:  # CPU tensors need Triton's interpreter (a clear error otherwise)
+        require_interpreter()
     # The kernel reads slope[h] and state_indices[b] at unit stride; a strided view of these tiny vectors is copied.
     if slope is not None and slope.stride(0) != 1:
         slope = slope.contiguous()

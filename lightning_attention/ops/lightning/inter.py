@@ -21,16 +21,13 @@ import torch
 from lightning_attention.backend import triton_ops, use_triton
 from lightning_attention.ops.lightning.device import device_info
 from lightning_attention.ops.lightning.naive import chunk_lightning_attn
-from lightning_attention.ops.lightning.validation import check_lightning_attn_inputs
+from lightning_attention.ops.lightning.numerics import debug_checks_enabled, guarded, host_offsets
+from lightning_attention.ops.lightning.validation import check_lightning_attn_inputs, require_int
 
 
 def check_chunk_size(chunk_size) -> int:
-    """chunk_size must be a Python int >= 1."""
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
-        raise TypeError(f"chunk_size must be a Python int, got {type(chunk_size).__name__}")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    return chunk_size
+    """chunk_size must be an int >= 1."""
+    return require_int("chunk_size", chunk_size, minimum=1)
 
 
 def inter_lightning_attn_torch(q, k, v, slope=None, *, chunk_size, scale=1.0, initial_state=None, cu_seqlens=None):
@@ -92,22 +89,36 @@ def lightning_attn_inter(
 
     Returns:
         ``(o_inter [B, T, H, V] in q.dtype, final_state or None)``. Differentiable in q, k, v, initial_state.
+
+    Inputs are checked as :func:`lightning_attention.lightning_attn` checks them (and ``chunk_size``: an int >= 1);
+    debug mode adds the same checks of non-finite values and overflow.
     """
     check_lightning_attn_inputs(
         q, k, v, slope, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         cu_seqlens=cu_seqlens, cu_seqlens_cpu=None, backward="auto",
     )
     chunk_size = check_chunk_size(chunk_size)
+
+    def run():
+        return _dispatch(q, k, v, slope, chunk_size, float(scale), initial_state, output_final_state, cu_seqlens)
+
+    if debug_checks_enabled():
+        offsets = host_offsets(cu_seqlens, None)
+        return guarded("lightning_attn_inter", run, dict(q=q, k=k, v=v), offsets, initial_state)
+    return run()
+
+
+def _dispatch(q, k, v, slope, chunk_size, scale, initial_state, output_final_state, cu_seqlens):
+    """The validated call on the backend the settings pick: ``(o_inter, final_state or None)``."""
     if use_triton(q) and triton_supports_chunk_size(chunk_size, q, v):
         return triton_ops().lightning_attn_inter_triton(
-            q, k, v, slope, chunk_size=chunk_size, scale=float(scale), initial_state=initial_state,
+            q, k, v, slope, chunk_size=chunk_size, scale=scale, initial_state=initial_state,
             output_final_state=output_final_state, cu_seqlens=cu_seqlens,
         )
     # The PyTorch path computes in float32 on purpose: keep autocast from lowering its einsums to bf16.
     with torch.autocast(device_type=q.device.type, enabled=False):
         o, final_state = inter_lightning_attn_torch(
-            q, k, v, slope, chunk_size=chunk_size, scale=float(scale), initial_state=initial_state,
-            cu_seqlens=cu_seqlens,
+            q, k, v, slope, chunk_size=chunk_size, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
         )
     if not output_final_state:
         return o, None

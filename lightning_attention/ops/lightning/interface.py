@@ -9,7 +9,14 @@ import torch
 
 from lightning_attention.backend import triton_ops, use_triton
 from lightning_attention.ops.lightning import naive
-from lightning_attention.ops.lightning.validation import check_lightning_attn_inputs
+from lightning_attention.ops.lightning.numerics import debug_checks_enabled, guarded, host_offsets
+from lightning_attention.ops.lightning.offsets import offsets_for
+from lightning_attention.ops.lightning.validation import (
+    check_lightning_attn_inputs,
+    check_qkv,
+    check_slope,
+    require_tensor,
+)
 
 
 def lightning_attn(
@@ -52,6 +59,18 @@ def lightning_attn(
     Gradients flow to q, k, v, slope and initial_state, and through final_state (the slope's, on the Triton path,
     from a float32 backward for 16-bit inputs: docs/design.md, "Gradients").
 
+    Input checks (docs/design.md, "Input checks"), each a ValueError / TypeError naming the argument before anything
+    runs: the structure of every argument always; the slope's range in float32, the offsets of ``cu_seqlens`` and
+    their agreement with ``cu_seqlens_cpu`` on CPU tensors always and on CUDA tensors in debug mode
+    (``LIGHTNING_ATTENTION_DEBUG=1``; outside it the CUDA path never syncs, and an invalid value may give a wrong
+    answer but no access outside the tensors); the offsets of ``cu_seqlens_cpu`` always. When ``cu_seqlens_cpu`` is
+    given, both backends compute with its offsets. In debug mode also non-finite inputs (and a non-finite gradient
+    of o) are refused and an overflow of the float32 state is reported with its tokens.
+
+    Non-finite values: a NaN or inf in q or k at token t reaches no output before t; one in v may reach the outputs
+    of the earlier tokens of its chunk (docs/design.md, "Non-finite values and overflow", gives the chunk of each
+    path and the overflow bound).
+
     Example::
 
         >>> B, T, H, D = 2, 1000, 4, 64
@@ -75,13 +94,26 @@ def lightning_attn(
         cu_seqlens_cpu=cu_seqlens_cpu,
         backward=backward,
     )
+
+    def run():
+        return _dispatch(q, k, v, slope, float(scale), initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu,
+                         backward)  # fmt: skip
+
+    if debug_checks_enabled():
+        offsets = host_offsets(cu_seqlens, cu_seqlens_cpu)
+        return guarded("lightning_attn", run, dict(q=q, k=k, v=v), offsets, initial_state)
+    return run()
+
+
+def _dispatch(q, k, v, slope, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, backward):
+    """The validated call on the backend the settings pick: ``(o, final_state or None)``."""
     if use_triton(q):
         return triton_ops().chunk_lightning_attn_triton(
             q,
             k,
             v,
             slope,
-            scale=float(scale),
+            scale=scale,
             initial_state=initial_state,
             output_final_state=output_final_state,
             cu_seqlens=cu_seqlens,
@@ -95,9 +127,9 @@ def lightning_attn(
             k,
             v,
             slope,
-            scale=float(scale),
+            scale=scale,
             initial_state=initial_state,
-            cu_seqlens=cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens,
+            cu_seqlens=offsets_for(cu_seqlens, cu_seqlens_cpu, q.device),
         )
     if not output_final_state:
         return o, None
@@ -118,19 +150,21 @@ def lightning_attn_func(
     Layout ``[b, h, n, d]`` for q and k, ``[b, h, n, e]`` for v; ``s`` is the per-head slope of shape ``[h]`` or
     ``[h, 1, 1]`` (λ = exp(-s)) or ``None`` for no decay; no scale (1.0). ``variant`` is accepted for compatibility
     and ignored: one implementation serves every variant. Unlike the official package, d = 16, head dims that are
-    not powers of two, and the no-decay path all work.
+    not powers of two, and the no-decay path all work. Inputs are checked in this layout (errors name q, k, v and s)
+    and then as :func:`lightning_attn` checks them; ``s`` must be a floating tensor.
 
     Returns:
         o ``[b, h, n, e]`` in q.dtype (contiguous, like the official package).
     """
     del variant
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor) or x.ndim != 4:
-            raise ValueError(f"{name} must be a 4-d tensor [b, h, n, d], got {getattr(x, 'shape', type(x))}")
+    check_qkv(q, k, v, 4, "[b, h, n, d]", "[b, h, n, e]")
     slope = None
     if s is not None:
-        if not isinstance(s, torch.Tensor) or s.numel() != q.shape[1]:
-            raise ValueError(f"s must have shape [h] or [h, 1, 1] with h = {q.shape[1]}, got {getattr(s, 'shape', s)}")
-        slope = s.reshape(q.shape[1]).to(torch.float32)
+        require_tensor("s", s)
+        h = q.shape[1]
+        if tuple(s.shape) not in ((h,), (h, 1, 1)):
+            raise ValueError(f"s must have shape [h] or [h, 1, 1] with h = {h}, got {tuple(s.shape)}")
+        check_slope(s.reshape(h), h, q.device, name="s")
+        slope = s.reshape(h).to(torch.float32)
     o, _ = lightning_attn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), slope)
     return o.transpose(1, 2).contiguous()

@@ -28,6 +28,7 @@ from lightning_attention.ops.lightning.launch import Launcher
 from lightning_attention.ops.lightning.library import pointers
 from lightning_attention.ops.lightning.naive import compute_dtype
 from lightning_attention.ops.lightning.plan import (
+    ChunkProblem,
     PrepassPieces,
     SegmentPlan,
     acc_dtype,
@@ -68,11 +69,13 @@ def launchers() -> list[Launcher]:
     return list(_LAUNCHERS)
 
 
-def _launch_tuned(b: ProgramBuilder, kind: str, plain: Launcher, candidates: tuple, per_tile: int, DV: int, args,
-                  constexprs: dict, x: Ref) -> None:  # fmt: skip
+def _launch_tuned(b: ProgramBuilder, p: ChunkProblem, kind: str, plain: Launcher, candidates: tuple, per_tile: int,
+                  DV: int, args, constexprs: dict, x: Ref) -> None:  # fmt: skip
     """A launch over ``candidates``: the plain kernel with the one configuration, or the autotuner over several; the
-    grid is ``per_tile`` programs per value tile (its width chosen by the configuration)."""
-    if len(candidates) == 1:
+    grid is ``per_tile`` programs per value tile (its width chosen by the configuration). Under Triton's interpreter
+    (no GPU) the plain kernel runs the first candidate: the autotuner's benchmark needs a GPU driver, and timings
+    taken on the interpreter would say nothing about one."""
+    if len(candidates) == 1 or not p.device.is_cuda:
         cfg = candidates[0]
         constexprs = {**constexprs, **cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
         b.launch(plain, (cdiv(DV, cfg.kwargs.get("BV", DV)) * per_tile,), args, constexprs, x)
@@ -112,7 +115,7 @@ def walk_launch(
             )  # fmt: skip
         return
     dot_prec, inter_prec = precisions(q.dtype, p.settings.bf16_inter)
-    cu = _cu_seqlens(b) if plan.varlen == 1 else None
+    cu = _cu_seqlens(b, p) if plan.varlen == 1 else None
     table = None if plan.seg_table is None else _segment_table(b, plan)
     args = (
         q, k, v, o_, *pointers(q, slope, h0, ht, states, cu, table),
@@ -148,7 +151,7 @@ def walk_launch(
         DK, DV, q.element_size(), p.device.shared_per_block, state_only=state_only, tma=use_tma,
         state_bytes=state_operand_bytes(inter_prec), pin=pin(p),
     )  # fmt: skip
-    _launch_tuned(b, "walk", _WALK, candidates, per_tile, DV, args, constexprs, q)
+    _launch_tuned(b, p, "walk", _WALK, candidates, per_tile, DV, args, constexprs, q)
 
 
 def _two_warpgroup_walk(
@@ -197,7 +200,7 @@ def dkdv_launch(b, p, q, k, v, do, dk, dv, *, slope, dht, dh0, g_states, plan, T
     DK, DV = q.shape[-1], v.shape[-1]
     dot_prec, inter_prec = precisions(q.dtype, p.settings.bf16_inter)
     fixed_bt = inter_only_tile(inter_chunk) if inter_chunk else 0
-    cu = _cu_seqlens(b) if plan.varlen == 1 else None
+    cu = _cu_seqlens(b, p) if plan.varlen == 1 else None
     table = None if plan.seg_table is None else _segment_table(b, plan)
     args = (
         q, k, v, do, dk, dv, *pointers(q, slope, dht, dh0, g_states, cu, table),
@@ -221,7 +224,7 @@ def dkdv_launch(b, p, q, k, v, do, dk, dv, *, slope, dht, dh0, g_states, plan, T
     candidates = dkdv_candidates(
         DK, DV, q.element_size(), state_operand_bytes(inter_prec), p.device.shared_per_block, fixed_bt, pin(p)
     )
-    _launch_tuned(b, "dkdv", _DKDV, candidates, H * plan.total, padded_dim(DV), args, constexprs, q)
+    _launch_tuned(b, p, "dkdv", _DKDV, candidates, H * plan.total, padded_dim(DV), args, constexprs, q)
 
 
 def _scan_launch(b, states, pieces_states, pieces: PrepassPieces, *, slope, h0, ht, plan, N, H, T, reverse):
@@ -289,8 +292,14 @@ def segmented_states(b, p, k, v, *, slope, h0, ht, plan, N, H, T, scale_upd, rev
     return states
 
 
-def _cu_seqlens(b: ProgramBuilder) -> Ref:
-    return b.refs["cu_seqlens"]
+def _cu_seqlens(b: ProgramBuilder, p: ChunkProblem) -> Ref:
+    """The offsets the kernels read (ops/lightning/offsets.py): the host copy's, as a table of the program, when the
+    call gave ``cu_seqlens_cpu``; else the call's device ``cu_seqlens``."""
+    if p.offsets is None:
+        return b.refs["cu_seqlens"]
+    if "host_offsets" not in b.refs:
+        b.refs["host_offsets"] = b.constant(p.offsets, torch.int32)
+    return b.refs["host_offsets"]
 
 
 def _segment_table(b: ProgramBuilder, plan: SegmentPlan) -> Ref:

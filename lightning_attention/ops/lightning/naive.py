@@ -95,7 +95,8 @@ def quadratic_lightning_attn(q, k, v, slope=None, *, scale=1.0, initial_state=No
     # M[h, t, s] = λ_h^(t-s) for t >= s, else 0 (exp(-inf) = 0, never inf * 0)
     log_m = torch.where(causal, -s[:, None, None] * dist, torch.full_like(dist, float("-inf")))
     mask = torch.exp(log_m)  # [H, T, T]
-    scores = torch.einsum("bthk,bshk->bhts", qf, kf) * mask
+    # selected, not multiplied by the mask's zeros: 0 · NaN would carry a non-finite later k back to earlier tokens
+    scores = torch.where(causal, torch.einsum("bthk,bshk->bhts", qf, kf) * mask, 0.0)
     o = torch.einsum("bhts,bshv->bthv", scores, vf)
     # initial-state term λ^(t+1) q_t h0
     q_decay = torch.exp(-s[None, :] * (t[:, None] + 1))  # [T, H]
@@ -163,8 +164,10 @@ def chunk_lightning_attn(
 
     NT = (T + C - 1) // C
     pad = NT * C - T
-    # [B, NT, C, H, D]: zero-padded tokens contribute nothing to scores or states
-    qc, kc, vc = (torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad)).reshape(B, NT, C, H, -1) for x in (qf, kf, vf))
+    # [B, NT, C, H, D]: zero-padded tokens contribute nothing to scores or states (sizes spelled out: B or H may be 0)
+    qc, kc, vc = (
+        torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad)).reshape(B, NT, C, H, x.shape[-1]) for x in (qf, kf, vf)
+    )
 
     pos = torch.arange(C, device=q.device, dtype=ct)
     lengths = torch.full((NT,), C, device=q.device, dtype=ct)
@@ -178,7 +181,9 @@ def chunk_lightning_attn(
         dist = pos[:, None] - pos[None, :]
         # D[h, i, j] = λ_h^(i-j) on and below the diagonal
         intra_decay = torch.exp(torch.where(dist >= 0, -s[:, None, None] * dist, torch.full_like(dist, float("-inf"))))
-        scores = torch.einsum("bnihk,bnjhk->bnhij", qc, kc) * intra_decay  # [B, NT, H, C, C]
+        # [B, NT, H, C, C], selected rather than multiplied by D's zeros: 0 · NaN would carry a non-finite later k
+        # back to the earlier tokens of its block
+        scores = torch.where(dist >= 0, torch.einsum("bnihk,bnjhk->bnhij", qc, kc) * intra_decay, 0.0)
         o = torch.einsum("bnhij,bnjhv->bnihv", scores, vc)
     local_states = torch.einsum("bnjhk,bnjhv->bnhkv", kc * k_decay[None, :, :, :, None], vc)  # [B, NT, H, K, V]
 

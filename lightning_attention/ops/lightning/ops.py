@@ -16,7 +16,9 @@ from lightning_attention.ops.lightning.decay_grad import slope_gradient
 from lightning_attention.ops.lightning.decode_triton import decode_step_triton  # noqa: F401  (an entry point)
 from lightning_attention.ops.lightning.naive import compute_dtype
 from lightning_attention.ops.lightning.device import device_info
+from lightning_attention.ops.lightning.interpreter import check_interpreter_dtype
 from lightning_attention.ops.lightning.library import last_dim_contiguous, triton_op
+from lightning_attention.ops.lightning.offsets import offsets_for
 from lightning_attention.ops.lightning.plan import (
     MAX_HEAD_DIM,
     ChunkProblem,
@@ -91,7 +93,10 @@ def chunk_fwd(
 
     Segment states are returned for fixed-length batches only, and only with ``save_states`` (their count is a
     function of the shapes and the GPU, which the fake computes; a varlen plan depends on the offsets' values).
-    ``inter_chunk`` > 0: the inter-only mode (o without its intra-chunk term, chunks of that many tokens)."""
+    ``inter_chunk`` > 0: the inter-only mode (o without its intra-chunk term, chunks of that many tokens). On CPU
+    tensors (Triton's interpreter) a dtype the interpreter cannot compute raises NotImplementedError
+    (:mod:`~lightning_attention.ops.lightning.interpreter`)."""
+    check_interpreter_dtype(q)
     o, ht, states = chunk_forward(
         last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v), _slope32(slope), initial_state,
         cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk,
@@ -151,11 +156,12 @@ def chunk_bwd(q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu
 def recompute_bwd(q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, inter_chunk=0,
                   fwd_states=None):  # fmt: skip
     """The recompute backward (:func:`~lightning_attention.ops.lightning.recompute.recompute_backward`;
-    ``inter_chunk`` must be 0 and ``fwd_states`` is not used: it recomputes everything)."""
-    del cu_seqlens_cpu, inter_chunk, fwd_states  # the grid depends only on N; nothing saved is needed
+    ``inter_chunk`` must be 0 and ``fwd_states`` is not used: it recomputes everything). Its kernels read the
+    offsets of ``cu_seqlens_cpu`` when given, like the forward (ops/lightning/offsets.py)."""
+    del inter_chunk, fwd_states  # the grid depends only on N; nothing saved is needed
     dq, dk, dv, dh0 = recompute_backward(
         last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v), last_dim_contiguous(do), dht,
-        slope, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+        slope, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
     )  # fmt: skip
     return dq, dk, dv, _nothing(q) if dh0 is None else dh0
 
@@ -255,7 +261,7 @@ def chunk_lightning_attn_triton(
     if q.dtype == torch.float64 and q.is_cuda:  # fp64 tensor-core dots do not exist: reference path
         o, ht = naive.chunk_lightning_attn(
             q, k, v, slope, scale=scale, initial_state=initial_state,
-            cu_seqlens=cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens,
+            cu_seqlens=offsets_for(cu_seqlens, cu_seqlens_cpu, q.device),
         )  # fmt: skip
         return o, (ht.clone() if ht is initial_state else ht) if output_final_state else None
     o, ht = LightningAttnFunction.apply(

@@ -38,11 +38,15 @@ def packed_chunk_lightning_attn(q, k, v, s, h0, cu_seqlens, *, scale: float, chu
     """
     T, H, K = q.shape
     V = v.shape[-1]
-    if T == 0:  # every sequence is empty: each keeps its h0
-        return v.new_zeros(0, H, V), h0
+    N = h0.shape[0]
+    if T == 0 or N == 0:  # every sequence is empty (each keeps its h0), or no token belongs to a sequence
+        return v.new_zeros(T, H, V), h0
     C = chunk_size
     NT = max(1, -(-T // C))
-    rows = _RowLayout(torch.as_tensor(cu_seqlens).to(device=q.device, dtype=torch.long), T, NT, C, q.dtype)
+    # valid offsets pass unchanged; offsets that were not checked (CUDA outside debug mode) become some valid
+    # packing, so that no index below leaves the tensors (a wrong answer, never an out-of-bounds access)
+    cu = torch.as_tensor(cu_seqlens).to(device=q.device, dtype=torch.long).clamp(0, T).cummax(dim=0).values
+    rows = _RowLayout(cu, T, NT, C, q.dtype)
     qb, kb, vb = (rows.blocks(x) for x in (q, k, v))  # [NT, C, H, D]
     carries = _carries(rows, kb, vb, h0, -s)
     before = torch.cat([torch.zeros_like(carries[:1]), carries[:-1]])  # S_{b-1} (never read in block 0)
@@ -90,8 +94,8 @@ def _carries(rows: _RowLayout, kb, vb, h0, log_lambda) -> torch.Tensor:
     seq_last = rows.seq[last]
     j = c0[:, None] + torch.arange(C, device=kb.device)[None, :]  # [NT, C]
     inside = (rows.seq.reshape(NT, C) == seq_last[:, None]) & (j <= last[:, None])
-    w = torch.where(inside[..., None], rows.decay(log_lambda, (last[:, None] - j).clamp(min=0)), 0.0)
-    local = torch.einsum("bjhk,bjhv->bhkv", kb * w[..., None], vb)
+    w = rows.decay(log_lambda, (last[:, None] - j).clamp(min=0))
+    local = torch.einsum("bjhk,bjhv->bhkv", *_select(inside, kb * w[..., None], vb))
     length = last - c0 + 1
     fresh = rows.decay(log_lambda, rows.pos[last] + 1)[..., None, None] * h0[seq_last.clamp(max=N - 1)]
     runs_on = rows.runs_on_tok[last]
@@ -100,6 +104,13 @@ def _carries(rows: _RowLayout, kb, vb, h0, log_lambda) -> torch.Tensor:
         S = torch.where(runs_on[b], rows.decay(log_lambda, length[b])[:, None, None] * S, fresh[b]) + local[b]
         carries.append(S)
     return torch.stack(carries)
+
+
+def _select(keep: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Each of ``tensors`` ``[..., H, D]`` with the tokens where ``keep`` (``[...]`` bool) is False set to 0 by
+    selection: a state sums k_jᵀ v_j over its tokens only, and a 0 weight times a non-finite k or v of another
+    sequence or a later token would still be NaN."""
+    return tuple(torch.where(keep[..., None, None], x, 0.0) for x in tensors)
 
 
 def _outputs(rows: _RowLayout, qb, kb, vb, before, log_lambda) -> torch.Tensor:
@@ -190,6 +201,6 @@ def _final_states(rows: _RowLayout, kb, vb, carries, h0, log_lambda) -> torch.Te
     base = torch.where(runs_on[:, None, None, None], alpha * carry, beta * h0)
     j = bx[:, None] * C + torch.arange(C, device=device)[None, :]  # [N, C] the tokens of x's block
     inside = (j <= x[:, None]) & (rows.seq[j] == n[:, None])
-    w = torch.where(inside[..., None], rows.decay(log_lambda, (x[:, None] - j).clamp(min=0)), 0.0)
-    partial = torch.einsum("njhk,njhv->nhkv", kb[bx] * w[..., None], vb[bx])
+    w = rows.decay(log_lambda, (x[:, None] - j).clamp(min=0))
+    partial = torch.einsum("njhk,njhv->nhkv", *_select(inside, kb[bx] * w[..., None], vb[bx]))
     return torch.where(empty[:, None, None, None], h0, base + partial)

@@ -14,6 +14,7 @@ builders ask of a tensor (shape, strides, dtype, alignment).
 
 import torch
 
+from lightning_attention.ops.lightning.offsets import upload
 from lightning_attention.ops.lightning.plan import TensorSpec
 
 
@@ -111,12 +112,13 @@ class Program:
         return tuple(values[o] if o is not None else None for o in self.outputs)
 
     def _constant(self, step: tuple, device: torch.device) -> torch.Tensor:
-        """A small table made on ``device`` once and kept (read-only: safe across streams and graphs)."""
+        """A small table made on ``device`` once and kept (read-only: safe across streams and graphs); copied without
+        a host sync."""
         _, slot, data, dtype = step
         key = (slot, device)
         table = self._constants.get(key)
         if table is None:
-            table = self._constants[key] = torch.tensor(data, dtype=dtype).to(device)
+            table = self._constants[key] = upload(data, dtype, device)
         return table
 
 

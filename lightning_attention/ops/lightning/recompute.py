@@ -44,6 +44,7 @@ from lightning_attention.ops.lightning.kernels.recompute import recompute_bwd_ke
 from lightning_attention.ops.lightning.launch import Launcher
 from lightning_attention.ops.lightning.library import last_dim_contiguous, on_device_of, pointers
 from lightning_attention.ops.lightning.naive import compute_dtype
+from lightning_attention.ops.lightning.offsets import offsets_for
 
 # Register budget of one program's carried state: 8192 fp32 values = 64 registers per thread at 4 warps,
 # leaving room for the [CBLOCK, d] operand tiles (d <= 256) without spilling.
@@ -124,14 +125,14 @@ def recompute_backward(
         scale: the forward's output scale.
         initial_state: ``[N, H, K, V]`` float32 h0 of the forward, or ``None`` (zeros; then no dh0).
         cu_seqlens: ``[N + 1]`` int32/int64 offsets of packed sequences (B == 1), or ``None`` (N = B).
-        cu_seqlens_cpu: accepted for the signature shared with the chunk backward; not needed here (the grid depends
-            only on N, and the kernels read the offsets on the device).
+        cu_seqlens_cpu: optional host copy of ``cu_seqlens``; when given, the kernels read its offsets (a device copy
+            kept per distinct offsets: ops/lightning/offsets.py), as the forward does.
 
     Returns:
         ``(dq [B, T, H, K], dk [B, T, H, K], dv [B, T, H, V])`` in the input dtype (contiguous) and
         ``dh0 [N, H, K, V]`` in initial_state's dtype (float32), or ``None`` when ``initial_state`` is None.
     """
-    del cu_seqlens_cpu
+    cu_seqlens = offsets_for(cu_seqlens, cu_seqlens_cpu, q.device)
     B, T, H, K = q.shape
     V = v.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1

@@ -5,7 +5,8 @@ Per sequence b (pool row r = state_indices[b], or b) and head h, with λ = exp(-
     S[r, h] = λ · S[r, h] + k[b, h]ᵀ v[b, h]          S is [K, V] float32, updated in place
     o[b, h] = scale · q[b, h] · S[r, h]                 inclusive: the new token is in the state it reads
 
-A padding slot (r = -1) leaves every state row alone and writes a zero output.
+A padding slot (r = -1) leaves every state row alone and writes a zero output; so does an index r >= P, which an
+unchecked call can pass (CUDA tensors outside debug mode), so no index addresses memory outside the pool.
 
 Cost model. A step moves B·H·K·V·4 bytes of state in and the same out; q, k, v and o are ~1/K of that. So the
 kernel is a streaming pass over the state: every state element is loaded once, updated in registers (one FMA for
@@ -51,6 +52,7 @@ def decode_step_kernel(
     stride_oh,
     stride_ov,
     scale,
+    P,  # rows of the pool: an index outside [-1, P) (an unchecked call) is a padding slot, never an address
     # Meta-parameters
     H: tl.constexpr,
     K: tl.constexpr,
@@ -74,9 +76,10 @@ def decode_step_kernel(
         row = tl.load(state_indices + i_b).to(tl.int64)
     else:
         row = i_b
-    # A padding slot (-1) masks every state access; the clamp keeps its (never used) addresses inside the pool.
-    active = row >= 0
-    row = tl.maximum(row, 0)
+    # A padding slot (-1) masks every state access; so does an index past the pool, which only a call whose values
+    # were not checked (CUDA outside debug mode) can pass. The clamp keeps the (never used) addresses in the pool.
+    active = (row >= 0) & (row < P)
+    row = tl.minimum(tl.maximum(row, 0), P - 1)
 
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V

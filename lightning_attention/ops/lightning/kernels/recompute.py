@@ -41,11 +41,12 @@ RCP_LN2 = tl.constexpr(1.4426950408889634)
 
 @triton.jit
 def _sequence_bounds(cu_seqlens, i_n, T, IS_VARLEN: tl.constexpr):
-    """(batch row, first token, one past the last token) of sequence ``i_n``, all int64."""
+    """(batch row, first token, one past the last token) of sequence ``i_n``, all int64. Offsets are clamped to
+    0 <= bos <= eos <= T: values that were not checked (CUDA outside debug mode) never address outside the row."""
     if IS_VARLEN:
         i_b = tl.full([], 0, tl.int64)
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        bos = tl.minimum(tl.maximum(tl.load(cu_seqlens + i_n).to(tl.int64), 0), T)
+        eos = tl.minimum(tl.maximum(tl.load(cu_seqlens + i_n + 1).to(tl.int64), bos), T)
     else:
         i_b = tl.cast(i_n, tl.int64)
         bos = tl.full([], 0, tl.int64)
@@ -137,8 +138,8 @@ def _dq_sweep(
 
         # intra: dA = dO Vᵀ recomputed [BT, BT], masked and decayed, then dA @ K
         b_dA = tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PRECISION, out_dtype=ACC)
-        if HAS_DECAY:
-            b_dA = b_dA * b_D
+        if HAS_DECAY:  # selected, not multiplied by b_D's zeros: 0 · NaN (a non-finite later v) would be NaN
+            b_dA = tl.where(causal, b_dA * b_D, 0.0)
         else:
             b_dA = tl.where(causal, b_dA, 0.0)
         b_dq = tl.dot(b_dA.to(b_k.dtype), b_k, input_precision=DOT_PRECISION, out_dtype=ACC)  # [BT, BK]
@@ -254,8 +255,8 @@ def _reverse_sweep(
 
         # intra: Mᵀ[j, i] = a_j·b_i recomputed [BT, BT], masked to i >= j, then Mᵀ @ c
         b_MT = tl.dot(b_a, tl.trans(b_b), input_precision=DOT_PRECISION, out_dtype=ACC)
-        if HAS_DECAY:
-            b_MT = b_MT * b_DT
+        if HAS_DECAY:  # selected, not multiplied by b_DT's zeros: 0 · NaN (a non-finite earlier b) would be NaN
+            b_MT = tl.where(anticausal, b_MT * b_DT, 0.0)
         else:
             b_MT = tl.where(anticausal, b_MT * scale, 0.0)
         b_out = tl.dot(b_MT.to(b_cc.dtype), b_cc, input_precision=DOT_PRECISION, out_dtype=ACC)  # [BT, BC]

@@ -53,7 +53,8 @@ def _segment(i_s, cu_seqlens, seg_table, T, NS, SEG, VARLEN: tl.constexpr):
     """Segment ``i_s`` -> (sequence i_n, batch row i_b, token range [bos, eos) in that row, first, last).
 
     VARLEN 0: fixed-length batch, NS segments of SEG tokens per sequence (the last one ragged);
-    VARLEN 1: packed sequences, one segment each (cu_seqlens [N + 1]);
+    VARLEN 1: packed sequences, one segment each (cu_seqlens [N + 1]; its values are clamped to 0 <= bos <= eos <= T,
+    so offsets that were not checked (CUDA outside debug mode) never address a token outside the row);
     VARLEN 2: packed sequences cut into segments on the host: seg_table [NSEG, 4] int32 = (n, bos, eos, flags),
     flags bit 0 = first segment of its sequence, bit 1 = last.
     """
@@ -68,8 +69,8 @@ def _segment(i_s, cu_seqlens, seg_table, T, NS, SEG, VARLEN: tl.constexpr):
     elif VARLEN == 1:
         i_n = i_s
         i_b = i_s * 0
-        bos = tl.load(cu_seqlens + i_s).to(tl.int32)
-        eos = tl.load(cu_seqlens + i_s + 1).to(tl.int32)
+        bos = tl.minimum(tl.maximum(tl.load(cu_seqlens + i_s).to(tl.int32), 0), T)
+        eos = tl.minimum(tl.maximum(tl.load(cu_seqlens + i_s + 1).to(tl.int32), bos), T)
         first = i_s >= 0
         last = i_s >= 0
     else:
