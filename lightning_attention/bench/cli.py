@@ -42,34 +42,24 @@ SIZE_FLAGS = {"kernels": "--seqlens", "decode": "--batches", "model": "--context
               "model-quality": "--tokens"}
 
 
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from e
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
+def _list_of(convert, accept, what: str):
+    """An argparse type: comma-separated values, each ``convert``-ed and ``accept``-ed (e.g. "positive integers")."""
+
+    def parse(text: str) -> tuple:
+        try:
+            values = tuple(convert(x) for x in text.split(",") if x.strip())
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got {text!r}") from e
+        if not values or not all(accept(v) for v in values) or len(set(values)) != len(values):
+            raise argparse.ArgumentTypeError(f"expected distinct {what}, got {text!r}")
+        return values
+
+    return parse
 
 
-def _float_list(text: str) -> tuple[float, ...]:
-    try:
-        values = tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from e
-    if not values or any(not v > 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
-    return values
-
-
-def _seed_list(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from e
-    if not values or any(v < 0 for v in values) or len(set(values)) != len(values):
-        raise argparse.ArgumentTypeError(f"expected distinct non-negative seeds, got {text!r}")
-    return values
+_int_list = _list_of(int, lambda v: v > 0, "positive integers")
+_float_list = _list_of(float, lambda v: v > 0, "positive numbers")
+_seed_list = _list_of(int, lambda v: v >= 0, "non-negative integers")
 
 
 def _token_count(text: str) -> int:

@@ -34,6 +34,7 @@ import time
 
 from lightning_attention.bench.corpus_prose import prose_paragraphs
 from lightning_attention.bench.corpus_sources import BOTOCORE_API, PYTHON_DOCS, PYTHON_STDLIB, documents, source_version
+from lightning_attention.train.checkpoint import sha256_of
 
 # the default sources, in the order their documents enter the corpus (the first copy of a paragraph wins)
 DEFAULT_SOURCES = (PYTHON_DOCS, PYTHON_STDLIB, "numpy", "scipy", "sympy", "networkx", "matplotlib", "torch",
@@ -43,14 +44,6 @@ MIN_DOCUMENT_CHARS = 256
 DOCUMENT_SEPARATOR = "\n\n\n"
 PARAGRAPH_SEPARATOR = "\n\n"
 MANIFEST_FORMAT = 1
-
-
-def sha256_file(path: pathlib.Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def is_validation(name: str, val_fraction: float) -> bool:
@@ -113,7 +106,7 @@ def build_corpus(out: pathlib.Path, sources=DEFAULT_SOURCES, *, val_fraction: fl
             raise ValueError(f"the {split} split is empty: use more sources or another val_fraction")
         path = out / f"{split}.txt"
         path.write_bytes((DOCUMENT_SEPARATOR.join(docs) + "\n").encode("utf-8"))
-        files[path.name] = {"bytes": path.stat().st_size, "sha256": sha256_file(path), "documents": len(docs)}
+        files[path.name] = {"bytes": path.stat().st_size, "sha256": sha256_of(path), "documents": len(docs)}
     manifest = {
         "format": MANIFEST_FORMAT,
         "command": command,
@@ -148,7 +141,7 @@ def _train_tokenizer(out: pathlib.Path, vocab: int, log) -> dict:
     folder = tokenizer_folder(out, vocab)
     tokenizer.save_pretrained(folder)
     record = {"folder": folder.name, "vocab_size": len(tokenizer),
-              "sha256": sha256_file(folder / "tokenizer.json"), "seconds": round(time.perf_counter() - t0, 1)}
+              "sha256": sha256_of(folder / "tokenizer.json"), "seconds": round(time.perf_counter() - t0, 1)}
     for split in ("train", "val"):
         text = train_text if split == "train" else (out / "val.txt").read_text(encoding="utf-8")
         tokens = len(encode_corpus(tokenizer, text))
@@ -168,7 +161,7 @@ def load_manifest(folder: pathlib.Path) -> dict:
                                 f"`python -m lightning_attention.bench.corpus --out {folder}`")
     manifest = json.loads(path.read_text())
     for name, meta in manifest["files"].items():
-        if (folder / name).stat().st_size != meta["bytes"] or sha256_file(folder / name) != meta["sha256"]:
+        if (folder / name).stat().st_size != meta["bytes"] or sha256_of(folder / name) != meta["sha256"]:
             raise ValueError(f"{folder / name} is not the file its manifest describes (size or sha256 differ)")
     return manifest
 

@@ -10,7 +10,7 @@
 
 import pathlib
 
-import numpy as np
+import torch
 
 from lightning_attention.bench import plots
 from lightning_attention.bench.model_quality_report import label, summarize
@@ -18,6 +18,11 @@ from lightning_attention.bench.model_quality_report import label, summarize
 plt = plots.plt
 COLORS = {"tnl": "tab:red", "minimax": "tab:orange", "hybrid": "tab:green", "llama": "tab:blue"}
 SMOOTH_STEPS = 16  # moving average of the per-step training loss
+
+
+def _std(values: torch.Tensor) -> list[float]:
+    """Sample std over seeds (dim 0) of ``values [seeds, points]``; zeros for one seed."""
+    return (values.std(0) if values.shape[0] > 1 else torch.zeros(values.shape[1], dtype=values.dtype)).tolist()
 
 
 def _final_runs(doc: dict, context: int) -> dict[str, list[dict]]:
@@ -39,10 +44,11 @@ def _legend(ax) -> None:
 
 def _band(ax, x, ys: list[list[float]], arch: str) -> None:
     n = min(len(y) for y in ys)
-    values = np.array([y[:n] for y in ys], dtype=float)
-    ax.plot(x[:n], values.mean(0), color=COLORS.get(arch), label=f"{label(arch)} ({len(ys)} seeds)")
+    values = torch.tensor([y[:n] for y in ys], dtype=torch.float64)  # [seeds, points]
+    ax.plot(x[:n], values.mean(0).tolist(), color=COLORS.get(arch), label=f"{label(arch)} ({len(ys)} seeds)")
     if len(ys) > 1:
-        ax.fill_between(x[:n], values.min(0), values.max(0), color=COLORS.get(arch), alpha=0.2, linewidth=0)
+        ax.fill_between(x[:n], values.amin(0).tolist(), values.amax(0).tolist(), color=COLORS.get(arch), alpha=0.2,
+                        linewidth=0)
 
 
 def curves(doc: dict, path: pathlib.Path) -> pathlib.Path:
@@ -51,11 +57,11 @@ def curves(doc: dict, path: pathlib.Path) -> pathlib.Path:
     for col, context in enumerate(contexts):
         top, bottom = axes[0][col], axes[1][col]
         for arch, runs in _final_runs(doc, context).items():
-            _band(top, np.array(runs[0]["curve"]["tokens"], dtype=float), [r["curve"]["bpb"] for r in runs], arch)
+            _band(top, runs[0]["curve"]["tokens"], [r["curve"]["bpb"] for r in runs], arch)
             window = max(1, min(SMOOTH_STEPS, len(runs[0]["train"]["bpb"]) // 4))
-            smooth = [np.convolve(r["train"]["bpb"], np.ones(window) / window, mode="valid").tolist() for r in runs]
-            steps = np.arange(window, window + len(smooth[0]), dtype=float)
-            _band(bottom, steps * doc["protocol"]["batch_tokens"], smooth, arch)
+            smooth = [torch.tensor(r["train"]["bpb"]).unfold(0, window, 1).mean(1).tolist() for r in runs]
+            tokens = [(window + i) * doc["protocol"]["batch_tokens"] for i in range(len(smooth[0]))]
+            _band(bottom, tokens, smooth, arch)
         top.set(title=f"context {context}: validation", xlabel="training tokens", ylabel="bits per byte")
         bottom.set(title=f"context {context}: training (moving mean, up to {SMOOTH_STEPS} steps)",
                    xlabel="training tokens",
@@ -84,11 +90,12 @@ def sweep(doc: dict, summary: dict, path: pathlib.Path) -> pathlib.Path:
                          doc["machine_line"])
 
 
-def _bucket_stats(runs: list[dict]) -> tuple[list[str], np.ndarray, np.ndarray]:
+def _bucket_stats(runs: list[dict]) -> tuple[list[str], list[float], list[float]]:
+    """Bucket names and the mean and std over seeds of each bucket's bits per byte at the longest length."""
     longest = str(max(int(n) for n in runs[0]["lengths"]))
     names = [f"{b['start']}-{b['end']}" for b in runs[0]["lengths"][longest]["buckets"]]
-    values = np.array([[b["bpb"] for b in r["lengths"][longest]["buckets"]] for r in runs], dtype=float)
-    return names, values.mean(0), values.std(0, ddof=1) if len(runs) > 1 else np.zeros(values.shape[1])
+    values = torch.tensor([[b["bpb"] for b in r["lengths"][longest]["buckets"]] for r in runs], dtype=torch.float64)
+    return names, values.mean(0).tolist(), _std(values)
 
 
 def positions(doc: dict, path: pathlib.Path) -> pathlib.Path:
@@ -119,12 +126,12 @@ def copy(doc: dict, path: pathlib.Path) -> pathlib.Path:
         lengths = sorted({int(n) for runs in groups.values() for n in runs[0].get("copy", {})})
         width = 0.8 / max(1, len(groups))
         for i, (arch, runs) in enumerate(groups.items()):
-            x = np.arange(len(lengths)) + (i - (len(groups) - 1) / 2) * width
-            second = np.array([[r["copy"][str(n)]["second_half"]["bpb"] for n in lengths] for r in runs], dtype=float)
-            first = np.array([[r["copy"][str(n)]["first_half"]["bpb"] for n in lengths] for r in runs], dtype=float)
-            err = second.std(0, ddof=1) if len(runs) > 1 else None
-            ax.bar(x, second.mean(0), width, yerr=err, capsize=3, color=COLORS.get(arch), label=label(arch))
-            ax.scatter(x, first.mean(0), marker="_", s=200, color="k", zorder=3,
+            x = [j + (i - (len(groups) - 1) / 2) * width for j in range(len(lengths))]
+            half = {h: torch.tensor([[r["copy"][str(n)][h]["bpb"] for n in lengths] for r in runs],
+                                    dtype=torch.float64) for h in ("first_half", "second_half")}
+            ax.bar(x, half["second_half"].mean(0).tolist(), width, yerr=_std(half["second_half"]), capsize=3,
+                   color=COLORS.get(arch), label=label(arch))
+            ax.scatter(x, half["first_half"].mean(0).tolist(), marker="_", s=200, color="k", zorder=3,
                        label="first half (not copyable)" if i == 0 else None)
         ax.set_xticks(range(len(lengths)), [f"{n} tokens" for n in lengths])
         ax.set(title=f"trained at {context}: second half", ylabel="bits per byte")

@@ -117,7 +117,7 @@ def test_bpe_is_trained_on_the_training_split_and_checked_on_load(tmp_path, fake
     manifest = corpus.build_corpus(tmp_path, ("alpha",), val_fraction=0.2, bpe_vocab=300, log=lambda *_: None)
     tok = manifest["tokenizer"]
     folder = tmp_path / tok["folder"]
-    assert tok["vocab_size"] == 300 and tok["sha256"] == corpus.sha256_file(folder / "tokenizer.json")
+    assert tok["vocab_size"] == 300 and tok["sha256"] == corpus.sha256_of(folder / "tokenizer.json")
     assert tok["train_bytes_per_token"] > 1.0 and tok["val_tokens"] > 0
     assert corpus.load_manifest(tmp_path)["tokenizer"] == tok
     (tmp_path / "val.txt").write_text("changed")
