@@ -3,11 +3,12 @@
     python -m lightning_attention.bench.corpus --out .corpus      # the default sources: 29 MB, + an 8,192 BPE (2 min)
     python -m lightning_attention.bench.corpus --out .corpus --sources python-docs,numpy --bpe-vocab 0
 
-Writes ``train.txt`` and ``val.txt`` (UTF-8), ``manifest.json`` (sources and their versions, documents and bytes per
-source and split, the sha256 of every file, the settings, the build time) and, with ``--bpe-vocab N``, a byte-level
-BPE of N tokens trained on ``train.txt`` only (``tokenizer-bpe<N>/``, a transformers tokenizer folder). Model-quality
-runs read the folder (``lightning-attention bench model-quality --corpus .corpus``); ``train --data .corpus/train.txt``
-takes the text too.
+Writes ``train.txt`` and ``val.txt`` (UTF-8), ``manifest.json`` (sources and their versions; per source the
+documents read, the characters left once markup and code blocks went, those dropped as code-like or duplicate, the
+documents and characters kept per split; the sha256 of every file, the settings, the build time) and, with
+``--bpe-vocab N``, a byte-level BPE of N tokens trained on ``train.txt`` only (``tokenizer-bpe<N>/``, a transformers
+tokenizer folder). Model-quality runs read the folder (``lightning-attention bench model-quality --corpus
+.corpus``); ``train --data .corpus/train.txt`` takes the text too.
 
 How the text is made, in this order (every step deterministic: the same package versions give the same bytes):
 
@@ -69,12 +70,12 @@ def build_corpus(out: pathlib.Path, sources=DEFAULT_SOURCES, *, val_fraction: fl
     records = []
     for source in sources:
         t0 = time.perf_counter()
-        record = {"source": source, "version": source_version(source), "documents_read": 0, "chars_read": 0,
+        record = {"source": source, "version": source_version(source), "documents_read": 0, "chars_cleaned": 0,
                   "chars_not_prose": 0, "chars_duplicate": 0, "documents": {"train": 0, "val": 0},
                   "chars": {"train": 0, "val": 0}}
         for name, text in documents(source):
             record["documents_read"] += 1
-            record["chars_read"] += len(text)
+            record["chars_cleaned"] += len(text)  # after markup and code blocks went (corpus_prose)
             paragraphs, not_prose = prose_paragraphs(text)
             record["chars_not_prose"] += not_prose
             local: set[bytes] = set()
