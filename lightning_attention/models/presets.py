@@ -20,6 +20,8 @@ tiny      128    4       4      352       395         default of ``lightning-att
 from torch import nn
 
 ARCHS = ("tnl", "llama")
+# options both architectures take, with one meaning (see TransNormerConfig's training options)
+SHARED_OPTIONS = ("tie_word_embeddings", "dropout", "scale_residual_init")
 
 PRESETS: dict[str, dict] = {
     "smoke": dict(d_model=32, n_layers=2, n_heads=2, ffn_dim=64),
@@ -34,7 +36,8 @@ def model_config(arch: str, preset: str = "tiny", vocab_size: int = 256, **overr
 
     ``overrides``: ``d_model``, ``n_layers``, ``n_heads``, ``ffn_dim`` (TNL glu width; LLaMA gets ``ffn_dim + d/3``)
     change the size; any other key is passed to the architecture's config unchanged (e.g. ``decay_recipe``,
-    ``attention_variant``, ``softmax_attention_every`` for TNL). ``None`` values are ignored.
+    ``attention_variant``, ``softmax_attention_every`` for TNL; LLaMA takes only :data:`SHARED_OPTIONS`). ``None``
+    values are ignored.
     """
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
@@ -50,10 +53,11 @@ def model_config(arch: str, preset: str = "tiny", vocab_size: int = 256, **overr
     if arch == "tnl":
         return dict(vocab_size=vocab_size, decoder_embed_dim=d, decoder_layers=layers, decoder_attention_heads=heads,
                     hidden_dim=d, glu_dim=ffn, **extra)
-    if extra:
-        raise ValueError(f"options {sorted(extra)} apply to --arch tnl only")
+    tnl_only = sorted(set(extra) - set(SHARED_OPTIONS))
+    if tnl_only:
+        raise ValueError(f"options {tnl_only} apply to --arch tnl only")
     return dict(vocab_size=vocab_size, hidden_size=d, num_hidden_layers=layers, num_attention_heads=heads,
-                intermediate_size=ffn + round(d / 3))
+                intermediate_size=ffn + round(d / 3), **extra)
 
 
 def model_from_config(arch: str, config: dict, sequence_parallel_group=None) -> nn.Module:
@@ -83,3 +87,12 @@ def config_dict(model: nn.Module) -> dict:
 
 def parameter_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def parameter_counts(model: nn.Module) -> dict[str, int]:
+    """``{"total", "embedding", "non_embedding"}`` parameters: ``embedding`` counts the input embedding and an untied
+    LM head (each ``vocab × d``), so ``non_embedding`` compares models across vocabularies."""
+    total = parameter_count(model)
+    tables = {id(m.weight): m.weight.numel() for m in (model.get_input_embeddings(), model.get_output_embeddings())}
+    embedding = sum(tables.values())
+    return {"total": total, "embedding": embedding, "non_embedding": total - embedding}

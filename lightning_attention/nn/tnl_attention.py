@@ -69,6 +69,9 @@ class TNLAttention(nn.Module):
         decay: "tnl" (released checkpoints) or "paper" (eq. 10).
         bias: biases in the projections.
         norm_eps: eps of the output norm.
+        lrpe_float32: with LRPE, cast q, k, v to float32 before it, so LRPE and the lightning attention of this layer
+            run in float32 under autocast and the angles θ get float32 gradients (a bf16 dq, dk makes θ's gradient,
+            a sum of position-weighted products over every token, noisy).
         sequence_parallel_group: a ``torch.distributed`` group; when set, the op runs sequence parallel over it
             (each rank holds a contiguous slice of T; pass global ``positions``).
 
@@ -89,6 +92,7 @@ class TNLAttention(nn.Module):
         decay: str = "tnl",
         bias: bool = False,
         norm_eps: float = 1e-6,
+        lrpe_float32: bool = False,
         sequence_parallel_group=None,
     ):
         super().__init__()
@@ -113,6 +117,7 @@ class TNLAttention(nn.Module):
             self.output_gate = nn.Linear(d_model, hidden_dim, bias=bias)
             self.norm = RMSNorm(hidden_dim, eps=norm_eps)
         self.lrpe = LRPE(num_heads, self.head_dim) if use_lrpe else None
+        self.lrpe_float32 = lrpe_float32
         self.out_proj = nn.Linear(hidden_dim, d_model, bias=bias)
         self.out_proj._is_residual_projection = True
         # not a checkpoint entry (recomputed from the recipe), and kept float32 by _apply below
@@ -144,6 +149,8 @@ class TNLAttention(nn.Module):
         if self.lrpe is not None:
             if positions is None:
                 positions = torch.arange(T, device=x.device).expand(B, T)
+            if self.lrpe_float32 and q.dtype in (torch.float16, torch.bfloat16):
+                q, k, v = q.float(), k.float(), v.float()
             q, k = self.lrpe(q, positions), self.lrpe(k, positions)
         return q, k, v, gate
 
@@ -181,7 +188,8 @@ class TNLAttention(nn.Module):
                 )
         q, k, v, gate = self._project(x, positions)
         o = self._attend(q, k, v, token_mask, cache, cu_seqlens)  # [B, T, H, D]
-        o = self.norm(o.reshape(B, T, self.hidden_dim))
+        # o is float32 with lrpe_float32 under autocast: the gated product goes on in the gate's dtype
+        o = self.norm(o.reshape(B, T, self.hidden_dim)).to(gate.dtype)
         return self.out_proj(gate * o)
 
     def _attend(self, q, k, v, token_mask, cache, cu_seqlens) -> torch.Tensor:

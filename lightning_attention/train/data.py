@@ -9,9 +9,11 @@ Sources (:func:`load_text`):
 - ``hf:NAME[:CONFIG]``: a Hugging Face dataset (the ``datasets`` package: ``pip install 'lightning-attention[data]'``).
 
 Batches are non-overlapping windows of ``context + 1`` tokens. Each epoch visits the windows of the training split
-in a random order drawn from ``seed + epoch``; the loader's whole state is ``(epoch, index)``, so a resumed run
-sees exactly the batches the uninterrupted run would have seen. Under DDP every rank takes its own slice of each
-global batch.
+in a random order drawn from ``seed + epoch``; every epoch after the first also shifts all window boundaries by an
+offset in ``[0, context)`` drawn from the same generator, so text seen again is cut at other places (a model cannot
+learn the fixed windows by heart; the first epoch starts at token 0, so a run shorter than an epoch is unaffected).
+The loader's whole state is ``(epoch, index)``, so a resumed run sees exactly the batches the uninterrupted run would
+have seen. Under DDP every rank takes its own slice of each global batch.
 """
 
 from dataclasses import dataclass
@@ -89,13 +91,13 @@ class LoaderState:
 
 
 class WindowLoader:
-    """Random non-overlapping windows, resumable.
+    """Random non-overlapping windows, their boundaries shifted every epoch, resumable.
 
     Args:
         tokens: ``[N]`` int token ids of the training split.
         context: tokens per training sequence (a window has ``context + 1``: inputs and shifted targets).
         batch_size: sequences per rank per step; rank, world_size: this process's share of a global batch.
-        seed: the epoch permutations are drawn from ``seed + epoch``.
+        seed: each epoch's window offset and permutation are drawn from ``seed + epoch``.
 
     ``next_batch() -> [batch_size, context + 1]`` int64.
     """
@@ -114,21 +116,31 @@ class WindowLoader:
                 f"{self.num_windows} windows of {context} tokens cannot fill a global batch of {self.global_batch}"
             )
         self.state = LoaderState()
-        self._order_epoch, self._order = -1, None
+        self._layout_epoch, self._offset, self._order = -1, 0, None
 
-    def _epoch_order(self) -> torch.Tensor:
-        if self._order_epoch != self.state.epoch:
-            g = torch.Generator().manual_seed(self.seed + self.state.epoch)
-            self._order = torch.randperm(self.num_windows, generator=g)
-            self._order_epoch = self.state.epoch
-        return self._order
+    def epoch_layout(self, epoch: int) -> tuple[int, torch.Tensor]:
+        """``(offset, order)`` of ``epoch``: the first window starts at token ``offset``, and ``order [windows]`` is
+        the permutation in which the epoch visits its windows."""
+        g = torch.Generator().manual_seed(self.seed + epoch)
+        offset = int(torch.randint(self.context, (1,), generator=g)) if epoch > 0 else 0
+        windows = (len(self.tokens) - 1 - offset) // self.context
+        if windows < self.global_batch:  # a text of barely one global batch: keep the boundaries rather than stop
+            offset, windows = 0, self.num_windows
+        return offset, torch.randperm(windows, generator=g)
+
+    def _layout(self) -> tuple[int, torch.Tensor]:
+        if self._layout_epoch != self.state.epoch:
+            self._offset, self._order = self.epoch_layout(self.state.epoch)
+            self._layout_epoch = self.state.epoch
+        return self._offset, self._order
 
     def next_batch(self) -> torch.Tensor:
-        if self.state.index + self.global_batch > self.num_windows:  # drop the ragged end of an epoch
+        _, order = self._layout()
+        if self.state.index + self.global_batch > len(order):  # drop the ragged end of an epoch
             self.state = LoaderState(self.state.epoch + 1, 0)
-        order = self._epoch_order()
+        offset, order = self._layout()
         lo = self.state.index + self.rank * self.batch_size
-        starts = order[lo : lo + self.batch_size] * self.context
+        starts = offset + order[lo : lo + self.batch_size] * self.context
         self.state.index += self.global_batch
         offsets = torch.arange(self.context + 1)
         return self.tokens[starts[:, None] + offsets[None, :]].long()

@@ -30,6 +30,13 @@ class TransNormerConfig(PretrainedConfig):
         softmax_rotary_fraction: fraction of a softmax head's channels RoPE rotates (MiniMax-01: 0.5).
         rope_theta: RoPE base of the softmax layers (MiniMax-01: 1e7).
         tie_word_embeddings: share the input embedding with the LM head (released: False).
+    Training options (off by default; the released code has none of them):
+        dropout: dropout on the embedding output and on the output of every residual branch (token mixer, channel
+            mixer) in training mode, as fairseq's Transformer (the paper's baseline) applies it; 0 = none.
+        scale_residual_init: True (default): the residual-branch outputs start from N(0, init_std / √(2L)) (GPT-2's
+            scaled init); False: every weight from N(0, init_std), as the released TransNormerLLM code initialises.
+        lrpe_float32: run the LRPE layers' q, k, v and their lightning attention in float32 under autocast (the
+            LRPE angles' gradient sums position-weighted products over every token: in bf16 it is noisy).
     """
 
     model_type = "transnormer"
@@ -63,6 +70,9 @@ class TransNormerConfig(PretrainedConfig):
         softmax_rotary_fraction: float = 0.5,
         rope_theta: float = 10000.0,
         tie_word_embeddings: bool = False,
+        dropout: float = 0.0,
+        scale_residual_init: bool = True,
+        lrpe_float32: bool = False,
         pad_token_id: int | None = None,
         bos_token_id: int | None = None,
         eos_token_id: int | None = None,
@@ -89,6 +99,9 @@ class TransNormerConfig(PretrainedConfig):
         self.softmax_attention_every = softmax_attention_every
         self.softmax_rotary_fraction = softmax_rotary_fraction
         self.rope_theta = rope_theta
+        self.dropout = float(dropout)
+        self.scale_residual_init = bool(scale_residual_init)
+        self.lrpe_float32 = bool(lrpe_float32)
         self.use_cache = use_cache
         # through the base class: transformers 4.x's constructor would reset them to its own defaults
         super().__init__(tie_word_embeddings=tie_word_embeddings, pad_token_id=pad_token_id, bos_token_id=bos_token_id,
@@ -115,6 +128,8 @@ class TransNormerConfig(PretrainedConfig):
             raise ValueError(f"attention_variant must be 'tnl' or 'minimax', got {self.attention_variant!r}")
         if self.decay_recipe not in ("tnl", "paper"):
             raise ValueError(f"decay_recipe must be 'tnl' or 'paper', got {self.decay_recipe!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.softmax_attention_every < 0:
             raise ValueError(f"softmax_attention_every must be >= 0, got {self.softmax_attention_every}")
 

@@ -1,12 +1,14 @@
 """TransNormerLLM (TNL) in one file: blocks, backbone, causal LM head, weight init, generation hooks.
 
-    x = embed(ids) · √d                                    (unless no_scale_embedding)
+    x = drop(embed(ids) · √d)                              (unless no_scale_embedding)
     for each block l:                                      pre-norm
-        x = x + token_mixer_l(SRMSNorm(x))                 TNLAttention (lightning, decay slopes of layer l);
+        x = x + drop(token_mixer_l(SRMSNorm(x)))           TNLAttention (lightning, decay slopes of layer l);
                                                            LRPE in the layers of linear_use_lrpe_list; optionally a
                                                            softmax-attention layer every N (MiniMax-01 hybrid)
-        x = x + SGLU_l(SRMSNorm(x))                        l3(l1 x ⊙ l2 x), no activation
+        x = x + drop(SGLU_l(SRMSNorm(x)))                  l3(l1 x ⊙ l2 x), no activation
     logits = lm_head(SRMSNorm(x))
+
+``drop`` is dropout with ``config.dropout`` in training mode (0 by default, as the released models: the identity).
 
 State-dict names are those of the released TransNormerLLM checkpoints (see CHECKPOINTS.md): ``model.embed_tokens``,
 ``model.layers.{i}.token_mixer.{qkvu_proj,out_proj,lrpe.theta}``, ``model.layers.{i}.channel_mixer.{l1,l2,l3}``,
@@ -48,6 +50,12 @@ from lightning_attention.nn.tnl_attention import TNLAttention
 IGNORE_INDEX = -100
 
 
+def apply_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """``config.dropout`` on an embedding or residual-branch output (``x`` itself when ``p`` is 0: no kernel, no RNG
+    draw, so a model without dropout trains exactly as before the option existed)."""
+    return F.dropout(x, p, training) if p else x
+
+
 class TransNormerDecoderLayer(GradientCheckpointingLayer):
     """Pre-norm block ``x [B, T, d] -> [B, T, d]``: token mixer then SGLU channel mixer, each with a residual.
 
@@ -69,19 +77,21 @@ class TransNormerDecoderLayer(GradientCheckpointingLayer):
             self.token_mixer = TNLAttention(
                 d, config.hidden_dim, config.decoder_attention_heads, layer_idx, config.decoder_layers,
                 use_lrpe=bool(config.linear_use_lrpe_list[layer_idx]), variant=config.attention_variant,
-                decay=config.decay_recipe, bias=config.bias, norm_eps=eps,
+                decay=config.decay_recipe, bias=config.bias, norm_eps=eps, lrpe_float32=config.lrpe_float32,
                 sequence_parallel_group=sequence_parallel_group,
             )
         self.token_norm = SRMSNorm(d, eps=eps)
         self.channel_mixer = SGLU(d, config.glu_dim, bias=config.bias)
         self.channel_norm = SRMSNorm(d, eps=eps)
+        self.dropout = config.dropout
 
     def forward(self, x, *, positions, token_mask, key_mask, cache, cu_seqlens) -> torch.Tensor:
-        x = x + self.token_mixer(
+        mixed = self.token_mixer(
             self.token_norm(x), positions=positions, token_mask=token_mask, key_mask=key_mask, cache=cache,
             cu_seqlens=cu_seqlens,
         )
-        return x + self.channel_mixer(self.channel_norm(x))
+        x = x + apply_dropout(mixed, self.dropout, self.training)
+        return x + apply_dropout(self.channel_mixer(self.channel_norm(x)), self.dropout, self.training)
 
 
 class TransNormerPreTrainedModel(PreTrainedModel):
@@ -104,7 +114,9 @@ class TransNormerPreTrainedModel(PreTrainedModel):
         out_proj, channel_mixer.l3, o_proj    N(0, init_std / √(2L))    residual-branch outputs: GPT-2's scaled
                                                                         init (Radford et al. 2019, §2.3), so the
                                                                         residual stream's variance does not grow
-                                                                        with the 2L branches
+                                                                        with the 2L branches; N(0, init_std) with
+                                                                        scale_residual_init=False (the released
+                                                                        TransNormerLLM code's init)
         every bias                            0
         token_mixer.lrpe.theta [H, 1, D]      10000^(-2i / (H·D))        (released TNL LRPE init)
         RMSNorm.weight (MiniMax variant)      1
@@ -116,7 +128,7 @@ class TransNormerPreTrainedModel(PreTrainedModel):
         std = self.config.init_std
         fresh = lambda t: not getattr(t, "_is_hf_initialized", False)  # noqa: E731
         if isinstance(module, nn.Linear):
-            if getattr(module, "_is_residual_projection", False):
+            if getattr(module, "_is_residual_projection", False) and self.config.scale_residual_init:
                 std = std / math.sqrt(2 * self.config.decoder_layers)
             if fresh(module.weight):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
@@ -196,7 +208,7 @@ class TransNormerModel(TransNormerPreTrainedModel):
         if cache is not None and not isinstance(cache, TransNormerCache):
             raise TypeError(f"cache must be a TransNormerCache (the model creates one), got {type(cache).__name__}")
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
-        x = x * self.embed_scale
+        x = apply_dropout(x * self.embed_scale, self.config.dropout, self.training)
         B, T, _ = x.shape
         if use_cache is None:
             use_cache = bool(getattr(self.config, "use_cache", True)) and not self.training
