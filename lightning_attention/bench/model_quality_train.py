@@ -1,6 +1,6 @@
 """One run of the model-quality protocol: build the model, train it on the protocol's batches, evaluate it.
 
-The step is the training loop's own (``lightning_attention.train.trainer``): its ``lm_loss``, its AdamW parameter
+The step is the training loop's own (``lightning_attention.train.trainer.train_step``): its loss, its AdamW parameter
 groups (no weight decay on norms and LRPE angles), transformers' cosine schedule with warmup down to
 ``min_lr_ratio``, the gradient clip, bf16 autocast on CUDA. What this loop adds: one tokenized corpus shared by every
 run of the process (the trainer tokenizes per run), train losses kept on the device (no host sync per step, so
@@ -21,7 +21,7 @@ from lightning_attention.bench.model_quality_protocol import ARCHS, Protocol, Ru
 from lightning_attention.models.presets import model_config, model_from_config, parameter_counts
 from lightning_attention.train.config import TrainConfig
 from lightning_attention.train.data import WindowLoader
-from lightning_attention.train.trainer import _autocast, _optimizer, lm_loss
+from lightning_attention.train.trainer import autocast_context, make_optimizer, train_step
 
 
 def build_model(arch: str, protocol: Protocol, vocab_size: int):
@@ -57,12 +57,12 @@ def train_run(spec: RunSpec, protocol: Protocol, data: QualityData, device: torc
     torch.manual_seed(spec.seed)  # the init (and dropout masks) of every arch of one seed start from one state
     model = build_model(spec.arch, protocol, data.vocab_size).to(device).train()
     options = TrainConfig(lr=spec.lr, weight_decay=protocol.weight_decay)
-    optimizer = _optimizer(model, options)
+    optimizer = make_optimizer(model, options)
     warmup = max(1, round(protocol.warmup_fraction * steps))
     scheduler = get_cosine_with_min_lr_schedule_with_warmup(optimizer, num_warmup_steps=warmup,
                                                             num_training_steps=steps,
                                                             min_lr_rate=protocol.min_lr_ratio)
-    autocast = _autocast(options, device)
+    autocast = autocast_context(options, device)
     loader = WindowLoader(data.train, spec.context, batch, seed=spec.seed)
     every = max(1, steps // protocol.eval_points)
     curve_windows = max(1, protocol.curve_eval_tokens // spec.context)
@@ -77,15 +77,8 @@ def train_run(spec: RunSpec, protocol: Protocol, data: QualityData, device: torc
         ids = loader.next_batch()
         batch_bytes[step] = float(data.byte_lengths[ids[:, 1:]].sum())
         ids = ids.to(device, non_blocking=True)
-        with autocast:
-            loss = lm_loss(model, ids)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if protocol.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), protocol.grad_clip)
-        optimizer.step()
+        losses[step] = train_step(model, model, optimizer, ids, autocast, grad_clip=protocol.grad_clip)
         scheduler.step()
-        losses[step] = loss.detach()
         done = step + 1
         if done % every and done != steps:
             continue

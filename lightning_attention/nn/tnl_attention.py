@@ -14,7 +14,9 @@ MiniMax-01 variant (``variant="minimax"``)::
     o = lightning_attn(q, k, v, slope)
     y = out_proj(sigmoid(output_gate(x)) ⊙ RMSNorm(o))   weighted RMSNorm over all heads
 
-Both use the same slopes (``tnl_slopes``, or ``paper_slopes`` with ``decay="paper"``). Paths through the op:
+Both use the same slopes (``tnl_slopes``, or ``paper_slopes`` with ``decay="paper"``), fixed as in the paper, or
+learned from there with ``learn_decay`` (the slopes become a parameter, ``log_slope [H]``: positive by construction;
+the op's slope gradient, docs/design.md "Gradients", reaches it on both backends). Paths through the op:
 
 - training / prefill: ``lightning_attn`` (PyTorch chunked path on CPU, Triton kernels on CUDA);
 - one new token per sequence with a cached state: ``lightning_attn_decode`` (fp32 state updated in place);
@@ -69,6 +71,8 @@ class TNLAttention(nn.Module):
         decay: "tnl" (released checkpoints) or "paper" (eq. 10).
         bias: biases in the projections.
         norm_eps: eps of the output norm.
+        learn_decay: learn the slopes (parameter ``log_slope [H]``, initialised to the recipe's log) instead of
+            keeping the recipe's fixed (buffer ``slope``, not saved). Not with ``sequence_parallel_group``.
         lrpe_float32: with LRPE, cast q, k, v to float32 before it, so LRPE and the lightning attention of this layer
             run in float32 under autocast and the angles θ get float32 gradients (a bf16 dq, dk makes θ's gradient,
             a sum of position-weighted products over every token, noisy).
@@ -93,6 +97,7 @@ class TNLAttention(nn.Module):
         bias: bool = False,
         norm_eps: float = 1e-6,
         lrpe_float32: bool = False,
+        learn_decay: bool = False,
         sequence_parallel_group=None,
     ):
         super().__init__()
@@ -108,6 +113,10 @@ class TNLAttention(nn.Module):
         self.num_layers = num_layers
         self.variant = variant
         self.decay = decay
+        self.learn_decay = learn_decay
+        if learn_decay and sequence_parallel_group is not None:
+            # lightning_attn_sp's state exchange returns no slope gradient: the decay would learn from part of it
+            raise ValueError("learn_decay is not supported with sequence parallelism (a fixed decay is)")
         self.sequence_parallel_group = sequence_parallel_group
         if variant == "tnl":
             self.qkvu_proj = nn.Linear(d_model, 4 * hidden_dim, bias=bias)
@@ -120,18 +129,34 @@ class TNLAttention(nn.Module):
         self.lrpe_float32 = lrpe_float32
         self.out_proj = nn.Linear(hidden_dim, d_model, bias=bias)
         self.out_proj._is_residual_projection = True
-        # not a checkpoint entry (recomputed from the recipe), and kept float32 by _apply below
-        self.register_buffer("slope", decay_slopes(decay, num_heads, layer_idx, num_layers), persistent=False)
+        slopes = decay_slopes(decay, num_heads, layer_idx, num_layers)
+        if learn_decay:
+            self.log_slope = nn.Parameter(slopes.log())
+        else:
+            # not a checkpoint entry (recomputed from the recipe), and kept float32 by _apply below
+            self.register_buffer("slope", slopes, persistent=False)
+
+    def decay_slope(self) -> torch.Tensor:
+        """The ``[H]`` float32 slopes this layer runs with (λ = exp(-slope))."""
+        if self.learn_decay:
+            return self.log_slope.float().exp()
+        return self.slope
 
     def reset_slope(self) -> None:
-        """Recomputes the decay buffer (after a meta-device construction or a dtype cast of the module)."""
+        """Sets the slopes to the recipe's (at init, after a meta-device construction or a dtype cast)."""
+        slopes = decay_slopes(self.decay, self.num_heads, self.layer_idx, self.num_layers)
+        if self.learn_decay:
+            with torch.no_grad():
+                self.log_slope.copy_(slopes.log())
+            return
         device = self.slope.device if self.slope.device.type != "meta" else torch.device("cpu")
-        self.slope = decay_slopes(self.decay, self.num_heads, self.layer_idx, self.num_layers).to(device)
+        self.slope = slopes.to(device)
 
     def _apply(self, fn, *args, **kwargs):
-        # model.half() / .to(bfloat16) would round the decay slopes: restore them in float32
+        # model.half() / .to(bfloat16) would round the fixed decay slopes: restore them in float32 (learned ones
+        # follow the model's dtype, as every parameter does)
         out = super()._apply(fn, *args, **kwargs)
-        if self.slope.dtype != torch.float32 and self.slope.device.type != "meta":
+        if not self.learn_decay and self.slope.dtype != torch.float32 and self.slope.device.type != "meta":
             self.reset_slope()
         return out
 
@@ -193,7 +218,7 @@ class TNLAttention(nn.Module):
         return self.out_proj(gate * o)
 
     def _attend(self, q, k, v, token_mask, cache, cu_seqlens) -> torch.Tensor:
-        slope = self.slope
+        slope = self.decay_slope()
         state = None if cache is None else cache.get_recurrent_state(self.layer_idx)
         if self.sequence_parallel_group is not None:
             if cu_seqlens is not None or token_mask is not None:

@@ -48,6 +48,9 @@ class TrainConfig:
                                                  "sigmoid gate)", choices=("tnl", "minimax"), shown="tnl")
     softmax_attention_every: int | None = option(None, "TNL hybrid: every N-th layer is softmax attention "
                                                        "(MiniMax-01: 8)", shown="0, none")
+    learn_decay: bool = option(False, "TNL: learn each lightning layer's decay slopes, starting from the recipe's "
+                                      "(not with --sequence-parallel)")
+    dropout: float = option(0.0, "dropout on the embedding and every residual branch's output (0: none)")
     tokenizer: str = option("bytes", "bytes (one token per UTF-8 byte, id = byte value) | bpe (byte-level BPE "
                                      "trained on the training split, --vocab-size tokens) | PATH (a tokenizer folder "
                                      "or tokenizer.json)")

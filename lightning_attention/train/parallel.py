@@ -59,11 +59,12 @@ class Layout:
 def build_layout(info: DistInfo, sequence_parallel: int, device: torch.device, *, sp_capable: bool) -> Layout:
     """The mesh of the run's process group (every rank must call it: creating groups is collective).
 
-    ``sp_capable``: the model can run sequence parallel (TNL without softmax layers); checked when sp > 1.
+    ``sp_capable``: the model can run sequence parallel (TNL without softmax layers or learned decay); checked when sp > 1.
     """
     sp = sequence_parallel
     if sp != 1 and not sp_capable:
-        raise UserError("--sequence-parallel needs --arch tnl without softmax layers (--softmax-attention-every)")
+        raise UserError("--sequence-parallel needs --arch tnl without softmax layers (--softmax-attention-every) "
+                        "and without --learn-decay")
     if sp < 1 or info.world_size % sp != 0:
         raise UserError(f"--sequence-parallel must divide the number of processes {info.world_size}, got {sp}")
     if not info.initialized:

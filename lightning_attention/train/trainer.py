@@ -248,7 +248,8 @@ def _train(cfg: TrainConfig, info: dist_utils.DistInfo) -> TrainResult:
     source = _resume_source(cfg)
     state = _load_resume_state(cfg, source) if source is not None else None
     layout = parallel.build_layout(info, cfg.sequence_parallel, device,
-                                   sp_capable=cfg.arch == "tnl" and not cfg.softmax_attention_every)
+                                   sp_capable=cfg.arch == "tnl" and not cfg.softmax_attention_every
+                                   and not cfg.learn_decay)
     if state is not None:
         cfg = _keep_global_batch(cfg, state, layout.dp_world)
     torch.manual_seed(cfg.seed)
@@ -263,9 +264,10 @@ def _train(cfg: TrainConfig, info: dist_utils.DistInfo) -> TrainResult:
                                   layout.dp_world)
 
     arch_options = dict(decay_recipe=cfg.decay_recipe, attention_variant=cfg.attention_variant,
-                        softmax_attention_every=cfg.softmax_attention_every) if cfg.arch == "tnl" else {}
+                        softmax_attention_every=cfg.softmax_attention_every,
+                        learn_decay=cfg.learn_decay or None) if cfg.arch == "tnl" else {}
     mconf = model_config(cfg.arch, cfg.preset, len(tokenizer), d_model=cfg.d_model, n_layers=cfg.n_layers,
-                         n_heads=cfg.n_heads, ffn_dim=cfg.ffn_dim, **arch_options)
+                         n_heads=cfg.n_heads, ffn_dim=cfg.ffn_dim, dropout=cfg.dropout or None, **arch_options)
     model = model_from_config(cfg.arch, mconf, sequence_parallel_group=layout.sp_group).to(device)
     result = TrainResult(step=0, parameters=parameter_count(model))
     if state is not None:

@@ -111,17 +111,14 @@ def test_debug_mode_catches_what_cuda_leaves_unchecked(configure):
 
 
 # the compiled kernels' masks: (dtype, K = V, B, H); K = 256 in bfloat16 on sm_90 with this many programs runs the
-# two-warpgroup walk (kernels/walk_ws.py), which still multiplies its scores by the causal mask
+# two-warpgroup walk (kernels/walk_ws.py)
 CAUSAL_CASES = [(torch.float32, 64, 2, 4), (torch.float16, 128, 2, 4), (torch.bfloat16, 128, 2, 4),
                 (torch.bfloat16, 256, 4, 16)]  # fmt: skip
 
 
 @pytest.mark.parametrize("poisoned", ["q", "k"])
 @pytest.mark.parametrize("dtype,D,B,H", CAUSAL_CASES, ids=["fp32-64", "fp16-128", "bf16-128", "bf16-256"])
-def test_non_finite_q_or_k_reaches_no_earlier_output(dtype, D, B, H, poisoned, request):
-    if D == 256 and dtype == torch.bfloat16 and torch.cuda.get_device_capability() == (9, 0) and poisoned == "k":
-        # remove once kernels/walk_ws.py selects instead (docs/design.md, "Non-finite values and overflow")
-        request.applymarker(pytest.mark.xfail(reason="the two-warpgroup walk multiplies its scores by the mask"))
+def test_non_finite_q_or_k_reaches_no_earlier_output(dtype, D, B, H, poisoned):
     T, t = 1024, 700
     q, k, v = _qkv(B, T, H, D, D, dtype)
     slope = la.tnl_slopes(H, 1, 4).cuda()

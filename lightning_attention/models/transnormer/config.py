@@ -35,6 +35,8 @@ class TransNormerConfig(PretrainedConfig):
             mixer) in training mode, as fairseq's Transformer (the paper's baseline) applies it; 0 = none.
         scale_residual_init: True (default): the residual-branch outputs start from N(0, init_std / √(2L)) (GPT-2's
             scaled init); False: every weight from N(0, init_std), as the released TransNormerLLM code initialises.
+        learn_decay: the lightning layers learn their decay slopes (a ``log_slope [H]`` parameter per layer,
+            initialised to ``decay_recipe``'s) instead of keeping them fixed; not with sequence parallelism.
         lrpe_float32: run the LRPE layers' q, k, v and their lightning attention in float32 under autocast (the
             LRPE angles' gradient sums position-weighted products over every token: in bf16 it is noisy).
     """
@@ -73,6 +75,7 @@ class TransNormerConfig(PretrainedConfig):
         dropout: float = 0.0,
         scale_residual_init: bool = True,
         lrpe_float32: bool = False,
+        learn_decay: bool = False,
         pad_token_id: int | None = None,
         bos_token_id: int | None = None,
         eos_token_id: int | None = None,
@@ -102,6 +105,7 @@ class TransNormerConfig(PretrainedConfig):
         self.dropout = float(dropout)
         self.scale_residual_init = bool(scale_residual_init)
         self.lrpe_float32 = bool(lrpe_float32)
+        self.learn_decay = bool(learn_decay)
         self.use_cache = use_cache
         # through the base class: transformers 4.x's constructor would reset them to its own defaults
         super().__init__(tie_word_embeddings=tie_word_embeddings, pad_token_id=pad_token_id, bos_token_id=bos_token_id,

@@ -78,6 +78,7 @@ class TransNormerDecoderLayer(GradientCheckpointingLayer):
                 d, config.hidden_dim, config.decoder_attention_heads, layer_idx, config.decoder_layers,
                 use_lrpe=bool(config.linear_use_lrpe_list[layer_idx]), variant=config.attention_variant,
                 decay=config.decay_recipe, bias=config.bias, norm_eps=eps, lrpe_float32=config.lrpe_float32,
+                learn_decay=config.learn_decay,
                 sequence_parallel_group=sequence_parallel_group,
             )
         self.token_norm = SRMSNorm(d, eps=eps)
@@ -121,6 +122,7 @@ class TransNormerPreTrainedModel(PreTrainedModel):
         token_mixer.lrpe.theta [H, 1, D]      10000^(-2i / (H·D))        (released TNL LRPE init)
         RMSNorm.weight (MiniMax variant)      1
         token_mixer.slope (buffer)            decay recipe (not learned, not saved)
+        token_mixer.log_slope (learn_decay)   log of the decay recipe's slopes
         ====================================  ==================================================================
 
         Tensors that transformers already loaded from a checkpoint (``_is_hf_initialized``) are left alone.
@@ -144,7 +146,8 @@ class TransNormerPreTrainedModel(PreTrainedModel):
             if fresh(module.weight):
                 nn.init.ones_(module.weight)
         elif isinstance(module, TNLAttention):
-            module.reset_slope()
+            if not module.learn_decay or fresh(module.log_slope):
+                module.reset_slope()
 
 
 class TransNormerModel(TransNormerPreTrainedModel):

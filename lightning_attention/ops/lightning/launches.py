@@ -2,9 +2,9 @@
 
 Every builder takes a :class:`~lightning_attention.ops.lightning.program.ProgramBuilder` and the
 :class:`~lightning_attention.ops.lightning.plan.ChunkProblem`, and records its launch with every shape, stride, flag
-and grid fixed; the tensors are :class:`~lightning_attention.ops.lightning.program.Ref`\ s, filled in per call. The
-plan's decisions (segments, kernel variants, candidate configurations) are asked here, launch by launch; the order of
-the launches of a pass is :mod:`~lightning_attention.ops.lightning.run`'s.
+and grid fixed; the tensors are :class:`~lightning_attention.ops.lightning.program.Ref` references, filled in per
+call. The plan's decisions (segments, kernel variants, candidate configurations) are asked here, launch by launch; the
+order of the launches of a pass is :mod:`~lightning_attention.ops.lightning.run`'s.
 """
 
 import functools

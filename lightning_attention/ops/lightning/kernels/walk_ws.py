@@ -179,7 +179,8 @@ if gluon is not None:
             a_acc = warpgroup_mma(q, kt, gl.zeros([BT, BT], gl.float32, mma_a), use_acc=False, is_async=True)
             o_acc = warpgroup_mma(q, s_s, gl.zeros([BT, BV], gl.float32, mma_o), use_acc=False, is_async=True)
             a_acc = warpgroup_mma_wait(num_outstanding=1, deps=(a_acc,))
-            a = gl.convert_layout((a_acc * decay).to(gl.bfloat16), a_op)
+            # the mask selects (a NaN or inf score of a later token must not reach an earlier output: 0·NaN = NaN)
+            a = gl.convert_layout(gl.where(dist >= 0, a_acc * decay, 0.0).to(gl.bfloat16), a_op)
             o_acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_acc,))
             # inter: λ^(r + d0) on the rows of q·S, r = the walk position from the chunk's first token in walk order
             if REVERSE:
