@@ -96,6 +96,7 @@ def test_model_quick_smoke(tmp_path, capsys):
         assert any("skipped model throughput" in line for line in lines)
     else:
         assert all(r["status"] == "ok" for r in doc["throughput"]), doc["throughput"]
+        assert doc["loss_curves"]["status"] == "ok", doc["loss_curves"]
 
 
 def test_hybrid_quick_smoke(tmp_path, capsys):

@@ -22,7 +22,7 @@ from lightning_attention.bench import metrics
 from lightning_attention.bench.external import call_with_supported, find_function
 from lightning_attention.bench.progress import progress
 from lightning_attention.bench.results import ResultWriter, clean, fmt, format_table, load_plots
-from lightning_attention.bench.timing import measure_copy_bandwidth, record_failure, release
+from lightning_attention.bench.timing import measure_copy_bandwidth, measured, record_failure, release
 
 TIMING_MODULE = "lightning_attention.bench.decode_timing"
 BATCHES = (1, 8, 64, 256)
@@ -99,15 +99,10 @@ def run(args, device: torch.device, writer: ResultWriter, out: pathlib.Path) -> 
     if memory_flat is None:
         writer.skip("decode memory", where)
     else:
-        try:
-            result = call_with_supported(
-                memory_flat, tokens=tuple(tokens), heads=heads, k_dim=k_dim, v_dim=v_dim, dtype=dtype, device=device
-            )
-            writer.set("memory", {"status": "ok", "result": clean(result)})
-        except Exception as exc:  # noqa: BLE001
-            writer.set("memory", {"status": "error", "error": f"{type(exc).__name__}: {exc}"[:400]})
-        finally:
-            release(device)
+        writer.set("memory", measured(
+            device, call_with_supported, memory_flat, tokens=tuple(tokens), heads=heads, k_dim=k_dim, v_dim=v_dim,
+            dtype=dtype, device=device,
+        ))  # fmt: skip
     figures = report(writer.doc, out, writer)
     return {"figures": figures, "skipped": len(writer.doc["skipped"])}
 

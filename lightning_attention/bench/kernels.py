@@ -369,6 +369,13 @@ def run(args, device: torch.device, writer: ResultWriter, out: pathlib.Path) -> 
     }
 
 
+def _print_section(title: str, headers: list[str], rows: list[list[str]]) -> None:
+    """A titled table of the printed report, when the run has rows for it."""
+    if rows:
+        print(f"\n{title}")
+        print(format_table(headers, rows))
+
+
 def report(doc: dict, out: pathlib.Path, writer: ResultWriter | None = None) -> list[str]:
     """Tables and figures from a kernels JSON document (a fresh run, or ``--replot`` of a saved one)."""
     results = doc.get("results", [])
@@ -379,43 +386,23 @@ def report(doc: dict, out: pathlib.Path, writer: ResultWriter | None = None) -> 
         if "b-d" in name:
             print(f"\ntokens/s, fwd+bwd, {grid['description']}")
             print(tokens_table(results, name))
-    speedups = doc.get("speedups", [])
-    if speedups:
-        print("\nspeedup of ours (baseline time / our time, measured in this run)")
-        print(
-            format_table(
-                ["grid", "T", "ours", "vs", "fwd", "fwd+bwd"],
-                [
-                    [s["grid"], str(s["seqlen"]), s["ours"], s["baseline"], fmt(s["fwd"]), fmt(s["fwdbwd"])]
-                    for s in speedups
-                ],
-            )
-        )
-    accuracy = doc.get("accuracy", [])
-    if accuracy:
-        print("\nrelative L2 error vs float64 (same rounded inputs)")
-        print(
-            format_table(
-                ["provider", "K", "o", "dq", "dk", "dv", "status"],
-                [
-                    [
-                        a["provider"],
-                        str(a["k_dim"]),
-                        *(fmt(a.get(f"err_{n}")) for n in ("o", "dq", "dk", "dv")),
-                        a["status"],
-                    ]
-                    for a in accuracy
-                ],
-            )
-        )
-    cold = doc.get("cold_start", [])
-    if cold:
-        print("\ncold start (first fwd+bwd call of a shape class: compile + autotune)")
-        print(
-            format_table(
-                ["provider", "class", "s"], [[c["provider"], c["shape_class"], fmt(c["seconds"])] for c in cold]
-            )
-        )
+    _print_section(
+        "speedup of ours (baseline time / our time, measured in this run)",
+        ["grid", "T", "ours", "vs", "fwd", "fwd+bwd"],
+        [[s["grid"], str(s["seqlen"]), s["ours"], s["baseline"], fmt(s["fwd"]), fmt(s["fwdbwd"])]
+         for s in doc.get("speedups", [])],
+    )  # fmt: skip
+    _print_section(
+        "relative L2 error vs float64 (same rounded inputs)",
+        ["provider", "K", "o", "dq", "dk", "dv", "status"],
+        [[a["provider"], str(a["k_dim"]), *(fmt(a.get(f"err_{n}")) for n in ("o", "dq", "dk", "dv")), a["status"]]
+         for a in doc.get("accuracy", [])],
+    )  # fmt: skip
+    _print_section(
+        "cold start (first fwd+bwd call of a shape class: compile + autotune)",
+        ["provider", "class", "s"],
+        [[c["provider"], c["shape_class"], fmt(c["seconds"])] for c in doc.get("cold_start", [])],
+    )
 
     plots = load_plots(doc, writer)
     if plots is None:

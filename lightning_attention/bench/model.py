@@ -14,7 +14,7 @@ import torch
 from lightning_attention.bench.external import call_with_supported, find_function, numbers
 from lightning_attention.bench.progress import progress
 from lightning_attention.bench.results import ResultWriter, clean, fmt, format_table, load_plots
-from lightning_attention.bench.timing import record_failure, release
+from lightning_attention.bench.timing import measured, record_failure, release
 
 TIMING_MODULE = "lightning_attention.bench.model_timing"
 ARCHS = ("tnl", "llama")
@@ -75,13 +75,9 @@ def run(args, device: torch.device, writer: ResultWriter, out: pathlib.Path) -> 
     if loss_fn is None:
         writer.skip("model loss curves", where)
     else:
-        try:
-            result = call_with_supported(loss_fn, archs=tuple(args.archs), steps=args.loss_steps, **hints)
-            writer.set("loss_curves", {"status": "ok", "result": clean(result)})
-        except Exception as exc:  # noqa: BLE001
-            writer.set("loss_curves", {"status": "error", "error": f"{type(exc).__name__}: {exc}"[:400]})
-        finally:
-            release(device)
+        writer.set("loss_curves", measured(
+            device, call_with_supported, loss_fn, archs=tuple(args.archs), **{**hints, "steps": args.loss_steps}
+        ))  # fmt: skip
     figures = report(writer.doc, out, writer)
     return {"figures": figures, "skipped": len(writer.doc["skipped"])}
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 
 from lightning_attention.bench import metrics
+from lightning_attention.bench.results import clean
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +132,18 @@ def release(device: torch.device) -> None:
 
 
 _OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)  # the top-level alias is recent
+
+
+def measured(device: torch.device, fn, /, *args, **kwargs) -> dict:
+    """``{"status": "ok", "result": fn(*args, **kwargs)}`` (the result made JSON-safe), or the failure as
+    :func:`record_failure` records it; device memory is released either way. For a one-off measurement of a run
+    (its loss curves, its memory over a long decode) that must not end the run when it fails."""
+    try:
+        return {"status": "ok", "result": clean(fn(*args, **kwargs))}
+    except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
+        return record_failure({}, exc)
+    finally:
+        release(device)
 
 
 def record_failure(record: dict, exc: BaseException) -> dict:

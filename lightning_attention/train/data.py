@@ -90,6 +90,7 @@ class LoaderState:
     index: int = 0  # next window (in the epoch's order) of the next global batch
 
 
+@dataclass(eq=False, repr=False)  # not compared or printed: it holds the whole token tensor
 class WindowLoader:
     """Random non-overlapping windows, their boundaries shifted every epoch, resumable.
 
@@ -102,18 +103,20 @@ class WindowLoader:
     ``next_batch() -> [batch_size, context + 1]`` int64.
     """
 
-    def __init__(self, tokens, context: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
-        self.tokens = tokens
-        self.context = context
-        self.batch_size = batch_size
-        self.seed = seed
-        self.rank = rank
-        self.world_size = world_size
-        self.num_windows = (len(tokens) - 1) // context
-        self.global_batch = batch_size * world_size
+    tokens: torch.Tensor
+    context: int
+    batch_size: int
+    seed: int
+    rank: int = 0
+    world_size: int = 1
+
+    def __post_init__(self):
+        self.num_windows = (len(self.tokens) - 1) // self.context
+        self.global_batch = self.batch_size * self.world_size
         if self.num_windows < self.global_batch:
             raise ValueError(
-                f"{self.num_windows} windows of {context} tokens cannot fill a global batch of {self.global_batch}"
+                f"{self.num_windows} windows of {self.context} tokens cannot fill a global batch of "
+                f"{self.global_batch}"
             )
         self.state = LoaderState()
         self._layout_epoch, self._offset, self._order = -1, 0, None

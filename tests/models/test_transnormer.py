@@ -191,3 +191,19 @@ def test_init_weights_follow_the_table():
     expected = 10000.0 ** (-2.0 / 256 * torch.arange(256, dtype=torch.float64))
     assert theta.shape == (4, 1, 64) and torch.allclose(theta.flatten().double(), expected, rtol=1e-6)
     assert model.model.layers[1].token_mixer.lrpe is None
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_embedding_accessors_and_resize(tied):
+    """transformers' own accessors find the embeddings and head, so resize_token_embeddings works, tied or not."""
+    model = tiny_tnl(tie_word_embeddings=tied)
+    assert model.get_input_embeddings() is model.model.embed_tokens is model.model.get_input_embeddings()
+    assert model.get_output_embeddings() is model.lm_head
+    model.resize_token_embeddings(300, mean_resizing=False)
+    assert model.model.embed_tokens.weight.shape == model.lm_head.weight.shape == (300, 32)
+    assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied
+    assert model.config.vocab_size == 300
+    assert model(torch.randint(0, 300, (1, 9))).logits.shape == (1, 9, 300)
+    new = torch.nn.Embedding(300, 32, dtype=torch.float64)
+    model.set_input_embeddings(new)
+    assert model.model.embed_tokens is new

@@ -102,6 +102,8 @@ class TransNormerPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     supports_gradient_checkpointing = True
     _is_stateful = True  # a recurrent state cannot be rolled back: generate() refuses assisted decoding clearly
+    # the embedding accessors (get/set_input_embeddings, get/set_output_embeddings) are transformers' own: they find
+    # ``embed_tokens``, ``model.embed_tokens`` and ``lm_head`` by those names
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -169,12 +171,6 @@ class TransNormerModel(TransNormerPreTrainedModel):
         self.embed_scale = 1.0 if config.no_scale_embedding else math.sqrt(config.decoder_embed_dim)
         self.has_softmax_layers = any(layer.is_softmax for layer in self.layers)
         self.post_init()
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.embed_tokens
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.embed_tokens = value
 
     def forward(
         self,
@@ -263,18 +259,6 @@ class TransNormerForCausalLM(TransNormerPreTrainedModel, GenerationMixin):
         self.post_init()
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.model.embed_tokens
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.model.embed_tokens = value
-
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.lm_head
-
-    def set_output_embeddings(self, value: nn.Linear) -> None:
-        self.lm_head = value
 
     def forward(
         self,

@@ -82,56 +82,30 @@ def lightning_attn(
         >>> ht.shape
         torch.Size([3, 4, 64, 64])
     """
-    check_lightning_attn_inputs(
-        q,
-        k,
-        v,
-        slope,
-        scale=scale,
-        initial_state=initial_state,
-        output_final_state=output_final_state,
-        cu_seqlens=cu_seqlens,
-        cu_seqlens_cpu=cu_seqlens_cpu,
-        backward=backward,
-    )
-
-    def run():
-        return _dispatch(q, k, v, slope, float(scale), initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu,
-                         backward)  # fmt: skip
-
+    options = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+                   cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, backward=backward)  # fmt: skip
+    check_lightning_attn_inputs(q, k, v, slope, **options)
+    options["scale"] = float(scale)
     if debug_checks_enabled():
         offsets = host_offsets(cu_seqlens, cu_seqlens_cpu)
-        return guarded("lightning_attn", run, dict(q=q, k=k, v=v), offsets, initial_state)
-    return run()
+        return guarded("lightning_attn", lambda: _dispatch(q, k, v, slope, **options), dict(q=q, k=k, v=v), offsets,
+                       initial_state)  # fmt: skip
+    return _dispatch(q, k, v, slope, **options)
 
 
-def _dispatch(q, k, v, slope, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, backward):
-    """The validated call on the backend the settings pick: ``(o, final_state or None)``."""
+def _dispatch(q, k, v, slope, **options):
+    """The validated call (``options``: :func:`lightning_attn`'s keywords) on the backend the settings pick:
+    ``(o, final_state or None)``."""
     if use_triton(q):
-        return triton_ops().chunk_lightning_attn_triton(
-            q,
-            k,
-            v,
-            slope,
-            scale=scale,
-            initial_state=initial_state,
-            output_final_state=output_final_state,
-            cu_seqlens=cu_seqlens,
-            cu_seqlens_cpu=cu_seqlens_cpu,
-            backward=backward,
-        )
+        return triton_ops().chunk_lightning_attn_triton(q, k, v, slope, **options)
+    initial_state = options["initial_state"]
     # The PyTorch path computes in float32 on purpose: keep autocast from lowering its einsums to bf16.
     with torch.autocast(device_type=q.device.type, enabled=False):
         o, final_state = naive.chunk_lightning_attn(
-            q,
-            k,
-            v,
-            slope,
-            scale=scale,
-            initial_state=initial_state,
-            cu_seqlens=offsets_for(cu_seqlens, cu_seqlens_cpu, q.device),
-        )
-    if not output_final_state:
+            q, k, v, slope, scale=options["scale"], initial_state=initial_state,
+            cu_seqlens=offsets_for(options["cu_seqlens"], options["cu_seqlens_cpu"], q.device),
+        )  # fmt: skip
+    if not options["output_final_state"]:
         return o, None
     if final_state is initial_state:  # T == 0 returns h0: never hand the caller's tensor back aliased
         final_state = final_state.clone()
