@@ -22,6 +22,11 @@
 # guard       this package against the one in .old/, alternating, 3 runs each ($GUARD_REPS,
 #             $GUARD_OLD_COMMIT / $GUARD_NEW_COMMIT label the packages in guard.md)           560
 # sp          sequence parallelism on 2 GPUs: correctness at 256K and scaling                 160 + 260
+# train_memory  peak memory per GPU and tokens/s of the 400m preset, DDP against FSDP2, with and
+#             without activation checkpointing and per-block compile                         300
+# sanitizer   the GPU reliability tests under compute-sanitizer's memcheck                    240
+# model_quality  the model-quality protocol, resumed from $MQ_DIR (carried; default
+#             runs/mq), the corpus in .corpus/ (carried)                                     580
 # tables      the markdown tables and targets of everything this call measured (put it last) 60
 # pack_cache  the Triton cache split into $OUT/tcache.part-* (carry it back as .tcache_pack/)
 #
@@ -112,6 +117,14 @@ for stage in ${stages//,/ }; do
             run sp_check 160 $sp_run benchmarks/sp_check_gpu.py --out "$res/sp"
             run sp_scaling 260 $sp_run benchmarks/sp_scaling.py --budget-s 220 --trial-cap-s 40 --timeout-min 4 \
                 --out "$res/sp" ;;
+        train_memory) run train_memory 300 python3 benchmarks/train_memory.py --budget-s 250 \
+                          --out "$res/train_memory" ;;
+        sanitizer) run sanitizer 240 compute-sanitizer --tool memcheck --error-exitcode 1 \
+                       python3 -m pytest -q -m gpu -p no:cacheprovider tests/ops/test_reliability_gpu.py ;;
+        model_quality) mq="${MQ_DIR:-runs/mq}"; mkdir -p "$mq"
+                       run model_quality 580 python3 -m lightning_attention.bench model-quality --corpus .corpus \
+                           --out "$mq" --resume --time-limit 540
+                       tar czf "$out/mq.tgz" -C "$(dirname "$mq")" "$(basename "$mq")" ;;
         tables) run tables 60 python3 -m lightning_attention.bench.tables "$res" --out "$res/tables.md" ;;
         # split under the 16 MiB a returned file may have; a call carries at most 64 MiB: once FLA's kernels are in
         # the cache, move their entries into .tcache_pack_fla/, carried only by the calls that time FLA
