@@ -68,7 +68,7 @@ bench="python3 -m lightning_attention.bench"
 xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 6")  # workers share the GPU and compile side by side
 for stage in ${stages//,/ }; do
     case $stage in
-        tests) run tests "${TESTS_S:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider $xdist --durations=15 tests ;;
+        tests) run tests "${TESTS_S:-300}" python3 -m pytest -v -m gpu -p no:cacheprovider $xdist --durations=15 tests ;;
         kernels_a) run kernels_a 300 $bench kernels --grid a --ours chunk --baselines "${KERNELS_A_BASELINES:-fla}" \
                        --out "$res/kernels_a" ;;
         # FLA's grid (b) takes minutes to compile and tune: it runs at 128K only, beside ours in the same process

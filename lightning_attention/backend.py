@@ -5,6 +5,7 @@ environment itself.
 """
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from lightning_attention import settings
 
@@ -48,8 +49,6 @@ def plain_eager() -> bool:
     mode. Then launchers may skip the op's dispatcher round trip and call its implementation directly (the round
     trip costs ~25 µs per decode step on a CPU host and ~1 ms of a chunk call's host time on an H100 host:
     docs/kernels.md, "Host overhead")."""
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
-
     return not (
         torch.compiler.is_compiling()
         or _get_current_dispatch_mode() is not None

@@ -93,7 +93,8 @@ def test_both_backends_compute_with_the_host_offsets(backend, backward, configur
     slope, h0 = torch.tensor([0.1, 0.7]), torch.randn(3, H, K, V, generator=g, dtype=torch.float64)
     host, device = torch.tensor([0, 7, 7, 40]), torch.tensor([0, 30, 35, 40])
     leaves = [x.clone().requires_grad_() for x in (q, k, v, h0)]
-    o, ht = interface._dispatch(*leaves[:3], slope, 1.0, leaves[3], True, device, host, backward)
+    o, ht = interface._dispatch(*leaves[:3], slope, scale=1.0, initial_state=leaves[3], output_final_state=True,
+                                cu_seqlens=device, cu_seqlens_cpu=host, backward=backward)
     want_o, want_ht = recurrent_lightning_attn(*(x.detach() for x in leaves[:3]), slope, initial_state=h0,
                                                cu_seqlens=host)  # fmt: skip
     assert_close("o", o, want_o, 1e-10)

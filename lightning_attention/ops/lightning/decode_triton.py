@@ -14,7 +14,7 @@ import functools
 import torch
 
 from lightning_attention.backend import plain_eager
-from lightning_attention.ops.lightning.device import device_info
+from lightning_attention.ops.lightning.device import INTERPRETER, cuda_device_info
 from lightning_attention.ops.lightning.interpreter import require_interpreter
 from lightning_attention.ops.lightning.kernels.configs import cdiv, padded_dim
 from lightning_attention.ops.lightning.kernels.decode import decode_step_kernel
@@ -62,9 +62,9 @@ def launch_decode_step(q, k, v, state, slope, scale, state_indices, out, tiles=N
     ``scale`` and the pool's row count P; the constexprs follow from the shapes.
     """
     B, H, K = q.shape
-    grid, constexprs = _launch(
-        B, H, K, v.shape[-1], slope is not None, state_indices is not None, device_info(q.device).sm_count, tiles
-    )
+    index = q.get_device()  # -1: a CPU tensor (the interpreter)
+    sm_count = (INTERPRETER if index < 0 else cuda_device_info(index)).sm_count
+    grid, constexprs = _launch(B, H, K, v.shape[-1], slope is not None, state_indices is not None, sm_count, tiles)
     args = (  # absent slope / state_indices: q, never read (library.pointers, spelled out: this is a hot path)
         q, k, v, state, q if slope is None else slope, q if state_indices is None else state_indices, out,
         *q.stride(), *k.stride(), *v.stride(), *state.stride(), *out.stride(),

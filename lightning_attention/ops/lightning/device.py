@@ -47,7 +47,8 @@ H100 = DeviceInfo.of_capability(90, sm_count=132)  # the GPU the tuned preferenc
 
 
 @functools.lru_cache(maxsize=None)
-def _cuda_info(index: int) -> DeviceInfo:
+def cuda_device_info(index: int) -> DeviceInfo:
+    """The :class:`DeviceInfo` of CUDA device ``index`` (read once per device)."""
     props = torch.cuda.get_device_properties(index)
     cc = props.major * 10 + props.minor
     block = getattr(props, "shared_memory_per_block_optin", 0) or SHARED_PER_BLOCK.get(cc)
@@ -59,4 +60,4 @@ def device_info(device: torch.device) -> DeviceInfo:
     """The :class:`DeviceInfo` of ``device`` (a CUDA device, or :data:`INTERPRETER` for any other)."""
     if device.type != "cuda":
         return INTERPRETER
-    return _cuda_info(device.index if device.index is not None else torch.cuda.current_device())
+    return cuda_device_info(device.index if device.index is not None else torch.cuda.current_device())
