@@ -184,6 +184,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # never enable NVLink multicast (only fills in a missing value)
     info = dist_utils.setup(args.device, need_group=True)  # a group of one on one GPU: DDP and FSDP2 both wrap
+    completed = False
     try:
         device = torch.device(f"cuda:{info.local_rank}" if args.device == "cuda" else "cpu")
         if device.type == "cpu":
@@ -219,8 +220,9 @@ def main(argv=None) -> int:
         if writer:
             print(format_table(["strategy", "sp", "act. ckpt", "compile", "peak GiB/GPU", "tokens/s"],
                                [_row(r) for r in records]), flush=True)
+        completed = True
     finally:
-        dist_utils.teardown(info)
+        dist_utils.teardown(info, completed=completed)
     return 0
 
 

@@ -52,8 +52,14 @@ def setup(device: str, *, need_group: bool = False) -> DistInfo:
     return DistInfo()
 
 
-def teardown(info: DistInfo) -> None:
+def teardown(info: DistInfo, *, completed: bool) -> None:
+    """Destroys the group this process created. After a run that ``completed`` on this rank, the ranks first meet at a
+    barrier: a rank that tears down while a peer's last collective is still in flight can abort gloo's worker threads
+    at exit ("terminate called without an active exception"). After a failure there is no barrier (a peer may never
+    reach it)."""
     if info.owned and dist.is_initialized():
+        if completed and info.enabled:
+            dist.barrier()
         dist.destroy_process_group()
 
 

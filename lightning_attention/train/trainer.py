@@ -182,11 +182,14 @@ def train(cfg: TrainConfig) -> TrainResult:
     threads = torch.get_num_threads()
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
+    completed = False
     try:
-        return _train(cfg, info)
+        result = _train(cfg, info)
+        completed = True
+        return result
     finally:
         torch.set_num_threads(threads)  # process-wide setting: restore it for whoever runs next in this process
-        dist_utils.teardown(info)
+        dist_utils.teardown(info, completed=completed)
 
 
 def _resume_source(cfg: TrainConfig) -> str | None:

@@ -283,9 +283,17 @@ GPU_CASES = [
     pytest.param("chunk", None, False, id="chunk"),
     pytest.param("fused_recurrent", None, False, id="fused_recurrent"),
     pytest.param("fused_recurrent", None, True, id="fused_recurrent_reverse"),
-    pytest.param("chunk", (0, 0, 1, 16, 150, 301), False, id="chunk_varlen"),
+    pytest.param("chunk", (0, 1, 16, 150, 301), False, id="chunk_varlen"),
+    pytest.param("chunk", (0, 0, 1, 16, 150, 301), False, id="chunk_varlen_empty"),
     pytest.param("fused_recurrent", (0, 0, 1, 16, 150, 301), True, id="fused_recurrent_varlen_reverse"),
 ]
+
+
+def _fla_defines(function: str, cu_seqlens) -> bool:
+    """FLA 0.6's chunk returns non-finite final states when the packing holds an empty sequence (its fused_recurrent
+    does not): there only this module is checked against the reference."""
+    return not (function == "chunk" and cu_seqlens is not None
+                and any(a == b for a, b in zip(cu_seqlens, cu_seqlens[1:])))
 
 
 @pytest.mark.gpu
@@ -306,6 +314,7 @@ def test_matches_fla_wheel_on_cuda_bf16(function, cu_seqlens, reverse):
     ref = _reference(x, case)
     x_cuda = {n: None if t is None else t.cuda() for n, t in x.items()}
     cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.long, device="cuda")
-    for who, fn in (("fla", theirs[function]), ("lightning_attention", FUNCTIONS[function])):
+    legs = [("fla", theirs[function])] if _fla_defines(function, cu_seqlens) else []
+    for who, fn in legs + [("lightning_attention", FUNCTIONS[function])]:
         got = _run(fn, x_cuda, case, _leaves(x_cuda), cu_seqlens=cu)
         _check(got, ref, torch.bfloat16, dataclasses.replace(case, name=f"{who} {function}"))

@@ -34,7 +34,7 @@ def test_default_path_does_not_sync():
     slope = la.tnl_slopes(8, 0, 4).cuda()
     pool = torch.zeros(4, 8, 64, 64, device="cuda")
     idx = torch.tensor([2, -1, 0], device="cuda")
-    step = [x[:3, 0].detach().contiguous() for x in (q, k, v)]
+    step = [x[0, :3].detach().contiguous() for x in (q, k, v)]  # three decode rows [3, H, D]
     out = torch.empty(3, 8, 64, device="cuda", dtype=torch.bfloat16)
 
     packings = [torch.tensor(offsets, dtype=torch.int32) for offsets in ([0, 1000, 4096], [0, 7, 2000, 4096])]
