@@ -65,7 +65,8 @@ run() {  # run NAME SECONDS COMMAND...: one command under its limit, its output 
 }
 
 bench="python3 -m lightning_attention.bench"
-xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 6")  # workers share the GPU and compile side by side
+# workers share the GPU and compile side by side; tests marked gpu_memory go one after another to one worker
+xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 6 --dist loadgroup")
 for stage in ${stages//,/ }; do
     case $stage in
         tests) run tests "${TESTS_S:-300}" python3 -m pytest -v -m gpu -p no:cacheprovider $xdist --durations=15 tests ;;

@@ -8,6 +8,7 @@
 """
 
 import contextlib
+import gc
 import os
 import sys
 
@@ -88,6 +89,16 @@ def fresh_programs():
     yield
 
 
+@pytest.fixture(autouse=True)
+def release_gpu_memory():
+    """GPU tests run in several pytest-xdist workers on one GPU: each test hands its cached blocks back, so that
+    memory one worker no longer uses is free for the others."""
+    yield
+    if torch.cuda.is_initialized():
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
 @pytest.fixture
 def configure():
     """``configure(**changes)``: library settings (``lightning_attention.settings.override``) for the rest of the
@@ -105,6 +116,9 @@ def triton_backend(configure):
 
 def pytest_collection_modifyitems(config, items):
     if HAS_CUDA:
+        for item in items:  # the large ones share one xdist group: two of them never hold the GPU's memory at once
+            if "gpu_memory" in item.keywords:
+                item.add_marker(pytest.mark.xdist_group("gpu_memory"))
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:

@@ -283,17 +283,16 @@ GPU_CASES = [
     pytest.param("chunk", None, False, id="chunk"),
     pytest.param("fused_recurrent", None, False, id="fused_recurrent"),
     pytest.param("fused_recurrent", None, True, id="fused_recurrent_reverse"),
-    pytest.param("chunk", (0, 1, 16, 150, 301), False, id="chunk_varlen"),
-    pytest.param("chunk", (0, 0, 1, 16, 150, 301), False, id="chunk_varlen_empty"),
+    pytest.param("chunk", (0, 0, 1, 16, 150, 301), False, id="chunk_varlen"),
     pytest.param("fused_recurrent", (0, 0, 1, 16, 150, 301), True, id="fused_recurrent_varlen_reverse"),
 ]
 
 
-def _fla_defines(function: str, cu_seqlens) -> bool:
-    """FLA 0.6's chunk returns non-finite final states when the packing holds an empty sequence (its fused_recurrent
-    does not): there only this module is checked against the reference."""
-    return not (function == "chunk" and cu_seqlens is not None
-                and any(a == b for a, b in zip(cu_seqlens, cu_seqlens[1:])))
+def _fla_unchecked(function: str, cu_seqlens) -> set:
+    """What of FLA's result is not compared: FLA 0.6's chunk returns non-finite final states for two of this packing's
+    sequences on an H100 (its outputs agree with the reference); this module's final states are checked there as
+    everywhere."""
+    return {"final"} if function == "chunk" and cu_seqlens is not None else set()
 
 
 @pytest.mark.gpu
@@ -314,7 +313,8 @@ def test_matches_fla_wheel_on_cuda_bf16(function, cu_seqlens, reverse):
     ref = _reference(x, case)
     x_cuda = {n: None if t is None else t.cuda() for n, t in x.items()}
     cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.long, device="cuda")
-    legs = [("fla", theirs[function])] if _fla_defines(function, cu_seqlens) else []
-    for who, fn in legs + [("lightning_attention", FUNCTIONS[function])]:
+    for who, fn in (("fla", theirs[function]), ("lightning_attention", FUNCTIONS[function])):
         got = _run(fn, x_cuda, case, _leaves(x_cuda), cu_seqlens=cu)
+        if who == "fla":
+            got = {name: value for name, value in got.items() if name not in _fla_unchecked(function, cu_seqlens)}
         _check(got, ref, torch.bfloat16, dataclasses.replace(case, name=f"{who} {function}"))

@@ -60,6 +60,7 @@ REAL = [
 ]
 
 
+@pytest.mark.gpu_memory
 @pytest.mark.parametrize("B, T, H, D, dtype, decay", REAL)
 def test_real_sizes_against_float64(B, T, H, D, dtype, decay):
     K = V = D
@@ -69,6 +70,7 @@ def test_real_sizes_against_float64(B, T, H, D, dtype, decay):
     _compare(_fwd_bwd(*inputs, slope, scale=0.5), _reference(*inputs, slope, scale=0.5), dtype)
 
 
+@pytest.mark.gpu_memory
 def test_varlen_real_sizes_with_host_offsets():
     lengths = [0, 1, 15, 30000, 5000, 20000]
     offsets = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)

@@ -109,6 +109,7 @@ def test_bf16_gradients_would_swamp_it_at_long_lengths():
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_memory
 @pytest.mark.parametrize("T", [8192, 65536])
 def test_slope_gradient_at_long_lengths_on_gpu(T, triton_backend):
     """bf16 on the GPU at long T with the TNL slopes of a last layer (the weakest decays): against a float64 chunked

@@ -232,6 +232,7 @@ def test_recompute_backward_gpu_sizes(B, T, H, D, dtype, decay):
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_memory
 def test_recompute_backward_gpu_many_sequence_heads():
     """N·H = 65,600 programs per role: more than grid axis 1 allows (65,535), so N·H must be on axis 0."""
     q, k, v, do, h0, dht = _inputs(4100, 3, 16, 16, 16, torch.float32, h0=True, dht=True)
