@@ -34,7 +34,8 @@
 # package in .old/ (carried): mkdir -p .old && git archive <commit> lightning_attention | tar x -C .old. Compiled
 # kernels survive between calls through .tcache_pack/ (and .tcache_pack_fla/ for FLA's), unpacked into
 # TRITON_CACHE_DIR before the first stage. After every stage the logs and JSON so far are packed into
-# $OUT/results.tgz and the stage lines into $OUT/summary.log: unpack them into benchmarks/results/<gpu>-<date>/.
+# $OUT/results.tgz and the stage lines into $OUT/summary.log: unpack them into benchmarks/results/<gpu>/
+# (docs/performance.md, "Producing a run").
 set -uo pipefail
 stages="${1:-tests}"
 out="${OUT:-/tmp/out}"
