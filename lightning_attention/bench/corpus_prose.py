@@ -2,7 +2,7 @@
 
 Three kinds of input reach the corpus (see :mod:`.corpus_sources`):
 
-- docstrings (reStructuredText or Markdown inside Python source): :func:`docstring_prose` drops doctest sessions
+- docstrings (reStructuredText or Markdown inside Python source): :func:`docstring_prose` drops doctest examples
   (``>>>`` and their output), literal blocks (the indented block after ``::``), fenced code, code-like directives
   (``.. code-block::``, ``.. math::``, ...), table rules and section underlines, and turns inline roles
   (``:class:`~torch.Tensor```) into their text;
@@ -90,7 +90,7 @@ def docstring_prose(text: str) -> str:
                 j += 1
             i = j + 1
             continue
-        if s.startswith(">>>"):  # a doctest session: its statements and output, to the next blank line
+        if s.startswith(">>>"):  # a doctest example: its statements and output, to the next blank line
             while i < len(lines) and lines[i].strip():
                 i += 1
             continue
