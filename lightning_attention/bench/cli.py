@@ -167,6 +167,8 @@ def _model_quality_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--contexts", type=_int_list, default=None, help="training contexts of the final runs (512,2048)")
     p.add_argument("--sweep-context", type=int, default=None, help="context of the learning-rate sweep (512)")
     p.add_argument("--lrs", type=_float_list, default=None, help="learning-rate grid (5e-4,1e-3,2e-3,4e-3)")
+    p.add_argument("--lr-extensions", type=int, default=None,
+                   help="rates an architecture may add past the grid's edge while its best sits there (2)")
     p.add_argument("--seeds", type=_seed_list, default=None,
                    help="seeds of the final runs; the first also seeds the sweep (0,1,2)")
     p.add_argument("--sweep-tokens", type=_token_count, default=None, help="tokens per sweep run (4Mi)")

@@ -33,7 +33,7 @@ M), so: TNL ≈ 1.4 µs, MiniMax ≈ 1.45 µs, hybrid ≈ 1.5 µs, LLaMA ≈ 2.7
 token falls by about 0.1 µs per 1K of context, from the 2K-64K measurements) — about 7.0 µs per token for the four
 together.
 
-- sweep: 4 rates × 4 Mi tokens × 7.0 µs ≈ 120 s;
+- sweep: 4 rates × 4 Mi tokens × 7.0 µs ≈ 120 s, and ≈ 10-30 s per rate an architecture adds past the grid's edge;
 - context 512: 3 seeds × 16 Mi tokens × 7.0 µs ≈ 350 s;
 - context 2,048: 3 seeds × 16 Mi tokens × 7.1 µs ≈ 360 s;
 - evaluations, model builds and first-call compilation ≈ 3 s per run × 40 runs (16 sweep, 24 final) ≈ 120 s,
@@ -68,8 +68,8 @@ from lightning_attention.train.errors import UserError
 RUNS_FOLDER = "model_quality_runs"
 QUICK_BPE_VOCAB = 512
 # protocol fields a flag may set (flag dest -> field); None values keep the protocol's own
-_FIELD_FLAGS = ("archs", "preset", "contexts", "sweep_context", "lrs", "seeds", "sweep_tokens", "tokens",
-                "batch_tokens", "eval_lengths")
+_FIELD_FLAGS = ("archs", "preset", "contexts", "sweep_context", "lrs", "lr_extensions", "seeds", "sweep_tokens",
+                "tokens", "batch_tokens", "eval_lengths")
 
 
 def protocol_from_args(args) -> Protocol:
@@ -193,7 +193,13 @@ def _run(args, device: torch.device, writer: ResultWriter, out: pathlib.Path) ->
             writer.set("runs", _ordered(protocol, records))
         return left
 
-    remaining = execute(sweep_runs(protocol))
+    # the sweep grows while finished runs call for rates past the grid's edge: run until it asks for nothing new
+    while pending := [s for s in sweep_runs(protocol, records) if s.id not in records]:
+        remaining = execute(pending)
+        if remaining:
+            break
+    else:
+        remaining = []
     best = best_learning_rates(protocol, records)
     remaining += execute(final_runs(protocol, best))
     remaining += [f"final-{arch}-*" for arch in protocol.archs if arch not in best]  # their sweep is unfinished
@@ -211,7 +217,7 @@ def _run(args, device: torch.device, writer: ResultWriter, out: pathlib.Path) ->
 
 def _ordered(protocol: Protocol, records: dict[str, dict]) -> list[dict]:
     """The finished runs in plan order (the sweep, then the final runs), then any other run of the folder."""
-    order = [s.id for s in sweep_runs(protocol) + final_runs(protocol, best_learning_rates(protocol, records))]
+    order = [s.id for s in sweep_runs(protocol, records) + final_runs(protocol, best_learning_rates(protocol, records))]
     return [records[i] for i in order if i in records] + [r for i, r in records.items() if i not in order]
 
 

@@ -4,7 +4,9 @@ A :class:`Protocol` fixes everything a comparison depends on before any run: the
 model size, the contexts, the learning-rate grid, the seeds, the token budgets, the evaluation sizes and the model
 options. :func:`plan` turns it into :class:`RunSpec` s:
 
-1. **sweep**: every architecture at every learning rate, one seed, ``sweep_tokens`` at ``sweep_context``;
+1. **sweep**: every architecture at every learning rate, one seed, ``sweep_tokens`` at ``sweep_context``; an
+   architecture whose best rate is the lowest or the highest it has tried gets one more rate, a factor of 2 beyond
+   that edge (up to ``lr_extensions`` of them), so the rate it is compared at is a measured minimum, not a bound;
 2. **final**: at each architecture's best sweep learning rate (lowest final validation bits per byte), every seed,
    ``tokens`` at every context (the 2,048 runs use the rate chosen at 512: same tokens per step).
 
@@ -60,6 +62,7 @@ class Protocol:
     sweep_context: int = 512
     lrs: tuple[float, ...] = (5e-4, 1e-3, 2e-3, 4e-3)
     seeds: tuple[int, ...] = (0, 1, 2)
+    lr_extensions: int = 2  # sweep rates an architecture may add past the grid's edge (see the module docstring)
     sweep_tokens: int = 2**22  # 128 steps
     tokens: int = 2**24  # 512 steps
     batch_tokens: int = 2**15  # tokens per optimizer step at every context (64 x 512, 16 x 2048)
@@ -109,9 +112,11 @@ class Protocol:
 
 
 def quick_protocol() -> Protocol:
-    """The CPU smoke protocol (``--quick``): 8 layers of width 32, contexts 32 and 64, two learning rates and two
-    seeds, a few steps each (the sweep and both stages really run, in seconds)."""
+    """The CPU smoke protocol (``--quick``): 8 layers of width 32, contexts 32 and 64, two learning rates (so every
+    architecture's best is an edge and its sweep extends once) and two seeds, a few steps each (the sweep, its
+    extension and both stages really run, in seconds)."""
     return Protocol(preset="smoke", n_layers=8, contexts=(32, 64), sweep_context=32, lrs=(2e-3, 8e-3), seeds=(0, 1),
+                    lr_extensions=1,
                     sweep_tokens=8 * 256, tokens=12 * 256, batch_tokens=256, eval_points=3, curve_eval_tokens=1024,
                     final_eval_tokens=2048, eval_lengths=(128,))
 
@@ -130,10 +135,36 @@ class RunSpec:
         return f"{self.stage}-{self.arch}-ctx{self.context}-lr{self.lr:g}-seed{self.seed}"
 
 
-def sweep_runs(protocol: Protocol) -> list[RunSpec]:
-    """Learning rate by learning rate, every architecture at each (a sweep cut short still compares them all)."""
-    return [RunSpec("sweep", arch, protocol.sweep_context, lr, protocol.seeds[0], protocol.sweep_tokens)
-            for lr in protocol.lrs for arch in protocol.archs]
+def sweep_runs(protocol: Protocol, records: dict[str, dict] | None = None) -> list[RunSpec]:
+    """Learning rate by learning rate, every architecture at each (a sweep cut short still compares them all); then
+    the rates past the grid's edge that the finished runs of ``records`` (run id -> run record) call for, each
+    architecture's in the order they were asked for (the last one may not have run yet)."""
+    grid = [_sweep_spec(protocol, arch, lr) for lr in protocol.lrs for arch in protocol.archs]
+    return grid + [spec for arch in protocol.archs for spec in _edge_extensions(protocol, arch, records or {})]
+
+
+def _sweep_spec(protocol: Protocol, arch: str, lr: float) -> RunSpec:
+    return RunSpec("sweep", arch, protocol.sweep_context, lr, protocol.seeds[0], protocol.sweep_tokens)
+
+
+def _edge_extensions(protocol: Protocol, arch: str, records: dict[str, dict]) -> list[RunSpec]:
+    """The sweep runs ``arch`` adds past the grid: while every rate tried so far has finished and the best is the
+    lowest (highest) of them, one more at half (twice) that rate, at most ``protocol.lr_extensions``."""
+    rates, added = sorted(protocol.lrs), []
+    for _ in range(protocol.lr_extensions):
+        finished = [records.get(_sweep_spec(protocol, arch, lr).id) for lr in rates]
+        if any(r is None for r in finished):
+            break
+        best = min((_final_bpb(r), lr) for r, lr in zip(finished, rates))[1]
+        if best == rates[0]:
+            rate = best / 2
+        elif best == rates[-1]:
+            rate = best * 2
+        else:
+            break
+        rates = sorted([*rates, rate])
+        added.append(_sweep_spec(protocol, arch, rate))
+    return added
 
 
 def final_runs(protocol: Protocol, best_lr: dict[str, float]) -> list[RunSpec]:
@@ -144,10 +175,12 @@ def final_runs(protocol: Protocol, best_lr: dict[str, float]) -> list[RunSpec]:
 
 def best_learning_rates(protocol: Protocol, records: dict[str, dict]) -> dict[str, float]:
     """``{arch: lr}`` with the lowest final validation bits per byte among the arch's sweep runs, for the archs whose
-    sweep runs have all finished (a diverged run counts as infinitely bad). ``records``: run id -> run record."""
+    sweep runs have all finished, edge extensions included (a diverged run counts as infinitely bad). ``records``:
+    run id -> run record."""
     best = {}
+    sweep = sweep_runs(protocol, records)
     for arch in protocol.archs:
-        runs = [records.get(spec.id) for spec in sweep_runs(protocol) if spec.arch == arch]
+        runs = [records.get(spec.id) for spec in sweep if spec.arch == arch]
         if any(r is None for r in runs):
             continue
         scored = [(_final_bpb(r), r["spec"]["lr"]) for r in runs]
@@ -161,7 +194,8 @@ def _final_bpb(record: dict) -> float:
 
 
 # protocol fields that choose which runs exist; the run's own spec records its value of them
-_RUN_CHOICE_FIELDS = {"archs", "contexts", "sweep_context", "lrs", "seeds", "sweep_tokens", "tokens"}
+_RUN_CHOICE_FIELDS = {"archs", "contexts", "sweep_context", "lrs", "lr_extensions", "seeds", "sweep_tokens",
+                      "tokens"}
 
 
 def settings_key(protocol: Protocol, corpus_sha256: dict, tokenizer_sha256: str | None) -> str:

@@ -190,7 +190,8 @@ def _setup(doc: dict, protocol: Protocol) -> str:
             f"{protocol.warmup_fraction:.0%} warmup, cosine to {protocol.min_lr_ratio:g}× the peak rate, clip "
             f"{protocol.grad_clip}. Learning rate per architecture from the grid "
             f"{', '.join(f'{x:g}' for x in protocol.lrs)} at context {protocol.sweep_context} "
-            f"({_tokens(protocol.sweep_tokens)} tokens, seed {protocol.seeds[0]}); then seeds "
+            f"({_tokens(protocol.sweep_tokens)} tokens, seed {protocol.seeds[0]}), extended by a factor of 2 past "
+            f"its edge while an architecture's best rate sat there (at most {protocol.lr_extensions}); then seeds "
             f"{', '.join(map(str, protocol.seeds))} at each one's best rate. Options on: {options}.")
 
 
@@ -210,15 +211,18 @@ def _provenance(doc: dict) -> str:
 
 
 def _sweep_table(summary: dict, protocol: Protocol) -> str:
+    """One row per architecture, one column per rate any of them tried (the grid and its edge extensions)."""
+    rates = sorted({*protocol.lrs, *(e["lr"] for entries in summary["sweep"].values() for e in entries)})
     rows = []
     for arch, entries in summary["sweep"].items():
         by_lr = {e["lr"]: e for e in entries}
         cells = [("-" if lr not in by_lr else _num(by_lr[lr]["bpb"]) if by_lr[lr]["status"] == "ok"
-                  else by_lr[lr]["status"]) for lr in protocol.lrs]
+                  else by_lr[lr]["status"]) for lr in rates]
         best = summary["best_lr"].get(arch)
-        edge = " (grid edge)" if best in (min(protocol.lrs), max(protocol.lrs)) else ""
+        # still an edge after the extensions: the true optimum may lie beyond the rates tried
+        edge = " (edge of the rates tried)" if by_lr and best in (min(by_lr), max(by_lr)) else ""
         rows.append([label(arch), *cells, f"{best:g}{edge}" if best else "-"])
-    return _table(["arch", *(f"lr {x:g}" for x in protocol.lrs), "best"], rows)
+    return _table(["arch", *(f"lr {x:g}" for x in rates), "best"], rows)
 
 
 def _context_tables(context: str, entry: dict) -> list[str]:

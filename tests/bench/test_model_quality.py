@@ -10,6 +10,7 @@ from lightning_attention.bench import cli
 from lightning_attention.bench.model_quality_protocol import (
     ModelOptions,
     Protocol,
+    best_learning_rates,
     final_runs,
     quick_protocol,
     settings_key,
@@ -48,8 +49,10 @@ def test_quick_run_records_every_run_of_the_protocol(quick):
 
     runs = {r["id"]: r for r in doc["runs"]}
     sweep = [r for r in doc["runs"] if r["spec"]["stage"] == "sweep"]
-    assert {(r["spec"]["arch"], r["spec"]["lr"]) for r in sweep} == set(itertools.product(protocol.archs,
-                                                                                          protocol.lrs))
+    # two rates: every best is an edge, so each architecture added one rate past it
+    assert {(r["spec"]["arch"], r["spec"]["lr"]) for r in sweep} == {(s.arch, s.lr) for s in sweep_runs(protocol, runs)}
+    assert len(sweep) == len(protocol.archs) * (len(protocol.lrs) + 1)
+    assert set(itertools.product(protocol.archs, protocol.lrs)) < {(r["spec"]["arch"], r["spec"]["lr"]) for r in sweep}
     for arch in protocol.archs:  # the best rate is the sweep's lowest validation loss
         mine = [r for r in sweep if r["spec"]["arch"] == arch]
         assert doc["best_lr"][arch] == min(mine, key=lambda r: r["final"]["bpb"])["spec"]["lr"]
@@ -57,7 +60,7 @@ def test_quick_run_records_every_run_of_the_protocol(quick):
     assert sorted((r["spec"]["context"], r["spec"]["arch"], r["spec"]["seed"]) for r in final) == sorted(
         itertools.product(protocol.contexts, protocol.archs, protocol.seeds))
     assert all(r["spec"]["lr"] == doc["best_lr"][r["spec"]["arch"]] for r in final)
-    assert set(runs) == {s.id for s in sweep_runs(protocol) + final_runs(protocol, doc["best_lr"])}
+    assert set(runs) == {s.id for s in sweep_runs(protocol, runs) + final_runs(protocol, doc["best_lr"])}
 
     for r in doc["runs"]:
         assert r["status"] == "ok" and r["steps_done"] == r["steps"] == len(r["train"]["loss"])
@@ -119,7 +122,8 @@ def test_a_time_limit_stops_between_runs_and_resume_finishes(tmp_path, capsys):
     code, stdout, _ = _run([*small, "--resume"], capsys)
     assert code == 0 and json.loads(stdout.strip().splitlines()[-1])["complete"]
     assert all((folder / name).read_text() == text for name, text in first.items())  # kept, not rerun
-    assert len(list(folder.glob("*.json"))) == 2 + 2 * 2
+    # the two sweep runs, each arch's one rate below its single-rate grid (its best is an edge), two final runs each
+    assert len(list(folder.glob("*.json"))) == 2 + 2 + 2 * 2
 
 
 def test_cpu_without_quick_or_sizes_is_refused(capsys):
@@ -146,6 +150,33 @@ def test_the_default_protocol_is_the_budgeted_one():
     final = final_runs(protocol, {arch: 1e-3 for arch in protocol.archs})
     assert len(sweep) == 16 and len(final) == 24
     assert sum(s.tokens for s in sweep + final) == 448 * 2**20  # the arithmetic in model_quality.py
+
+
+def _finish(protocol: Protocol, bpb: dict[str, dict[float, float]]) -> dict[str, dict]:
+    """Records of the whole sweep, every run's final bits per byte taken from ``bpb[arch][lr]``."""
+    records = {}
+    while pending := [s for s in sweep_runs(protocol, records) if s.id not in records]:
+        for spec in pending:
+            records[spec.id] = {"spec": {"lr": spec.lr}, "status": "ok", "final": {"bpb": bpb[spec.arch][spec.lr]}}
+    return records
+
+
+def test_a_best_rate_at_the_edge_of_the_grid_extends_the_sweep():
+    protocol = Protocol(archs=("tnl", "minimax", "llama"), lrs=(1e-3, 2e-3), lr_extensions=2)
+    bpb = {"tnl": {1e-3: 1.5, 2e-3: 1.4, 4e-3: 1.3, 8e-3: 1.6},  # the optimum found one step up
+           "minimax": {5e-4: 1.7, 1e-3: 1.6, 2e-3: 1.65},  # bracketed by one step down
+           "llama": {2.5e-4: 1.6, 5e-4: 1.7, 1e-3: 1.8, 2e-3: 1.9}}  # still the lowest after both extensions
+    records = _finish(protocol, bpb)
+    tried = {arch: sorted(s.lr for s in sweep_runs(protocol, records) if s.arch == arch) for arch in protocol.archs}
+    assert tried == {"tnl": [1e-3, 2e-3, 4e-3, 8e-3], "minimax": [5e-4, 1e-3, 2e-3],
+                     "llama": [2.5e-4, 5e-4, 1e-3, 2e-3]}
+    assert best_learning_rates(protocol, records) == {"tnl": 4e-3, "minimax": 1e-3, "llama": 2.5e-4}
+    # while an extension has not run, its architecture has no best rate yet (nor final runs)
+    del records[sweep_runs(protocol, records)[-1].id]
+    assert "llama" not in best_learning_rates(protocol, records)
+    # a bracketed optimum adds nothing
+    inside = Protocol(archs=("tnl",), lrs=(1e-3, 2e-3, 4e-3))
+    assert len(sweep_runs(inside, _finish(inside, {"tnl": {1e-3: 1.5, 2e-3: 1.4, 4e-3: 1.45}}))) == 3
 
 
 def test_settings_key_separates_settings_not_run_choices():
