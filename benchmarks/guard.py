@@ -13,8 +13,9 @@ group's pin in ``LIGHTNING_ATTENTION_KERNEL_CONFIG``. ``-P`` keeps this folder o
 process checks that ``lightning_attention`` came from the root it was given and records its file. The groups and
 points are in ``guard_points.py``: grid (a) at K = V = 128 (T = 2K, 8K, 32K), 64 (8K) and 256 (4K) forward and
 forward + backward, grid (b) at 128K, the host time per call of a small chunk forward and forward + backward, the
-decode step at batch 1 and 64, and the TNL 40m training step's tokens/s. The Triton cache on disk is shared, so
-only the first processes compile.
+decode step at batch 1 and 64, and the TNL 40m training step's tokens/s (host-bound loops are timed by their
+minimum within a process: ``guard_points.py`` says why). The Triton cache on disk is shared, so only the first
+processes compile.
 
 The rule (``report``, also run after every repetition): a point is launch-bound when, in either package, its host
 time per call is above its device time; a launch-bound point passes when the new median is within 5% or 0.5 µs of

@@ -64,9 +64,10 @@ def device_ms(fn: Callable[[], object], warmup: int = 25, rep: int = 100) -> flo
     return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
-def host_ms(fn: Callable[[], object], calls: int = 50, loops: int = 3) -> float:
+def host_ms(fn: Callable[[], object], calls: int = 50, loops: int = 3, statistic=statistics.median) -> float:
     """Host ms to enqueue one call of ``fn``: ``calls`` calls without a synchronisation in between, timed before the
-    closing synchronisation, divided by ``calls``; the median of ``loops`` such loops after one warm-up call.
+    closing synchronisation, divided by ``calls``; the ``statistic`` (median, or ``min`` to compare code on a shared
+    host: see ``guard_points.py``) of ``loops`` such loops after one warm-up call.
 
     Keep ``calls`` × launches per call well under the GPU's launch queue (about a thousand launches): a full queue
     makes the host wait for the device and the loop measures the device instead."""
@@ -80,7 +81,7 @@ def host_ms(fn: Callable[[], object], calls: int = 50, loops: int = 3) -> float:
         t1 = time.perf_counter()  # before the synchronisation: host time only
         torch.cuda.synchronize()
         times.append((t1 - t0) / calls * 1e3)
-    return statistics.median(times)
+    return statistic(times)
 
 
 def capture(fn: Callable[[], object], steps: int = 1) -> torch.cuda.CUDAGraph:
