@@ -128,11 +128,7 @@ def report(doc: dict, out: pathlib.Path, writer: ResultWriter | None = None) -> 
     dims = f"H={shape.get('heads')}, K={shape.get('k_dim')}, V={shape.get('v_dim')}"
     figures = []
     if not latency:
-        figures.append(
-            plots.placeholder(
-                out / "decode_latency.png", "decode step latency", f"skipped: {doc.get('latency_source')}", line
-            )
-        )
+        figures.append(plots.missing_part(out / "decode_latency.png", "decode step latency", doc, "latency_source"))
     else:
         series = {"floor (this run's copy bandwidth)": [(int(b), us) for b, us in doc.get("floor_us", {}).items()]}
         for r in latency:
@@ -146,8 +142,8 @@ def report(doc: dict, out: pathlib.Path, writer: ResultWriter | None = None) -> 
             )
         )
     if not memory or memory.get("status") != "ok":
-        why = memory.get("error") if memory else f"skipped: {doc.get('memory_source')}"
-        figures.append(plots.placeholder(out / "decode_memory.png", "decode memory", why, line))
+        error = memory.get("error") if memory else None
+        figures.append(plots.missing_part(out / "decode_memory.png", "decode memory", doc, "memory_source", error))
     else:
         res = memory["result"]
         runs = res.get("runs", [])

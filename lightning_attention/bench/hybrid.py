@@ -55,7 +55,7 @@ def report(doc: dict, out: pathlib.Path, writer: ResultWriter | None = None) -> 
         return []
     path = out / "hybrid_runtime.png"
     if not results:
-        figure = plots.placeholder(path, "hybrid chunk attention", f"skipped: {doc.get('source')}", doc["machine_line"])
+        figure = plots.missing_part(path, "hybrid chunk attention", doc, "source")
     else:
         series: dict[str, list] = {}
         for r in results:

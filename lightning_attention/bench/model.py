@@ -109,9 +109,7 @@ def report(doc: dict, out: pathlib.Path, writer: ResultWriter | None = None) -> 
     figures = []
     if not throughput:
         figures.append(
-            plots.placeholder(
-                out / "model_throughput.png", "training throughput", f"skipped: {doc.get('throughput_source')}", line
-            )
+            plots.missing_part(out / "model_throughput.png", "training throughput", doc, "throughput_source")
         )
     else:
         series: dict[str, list] = {}
@@ -129,8 +127,8 @@ def report(doc: dict, out: pathlib.Path, writer: ResultWriter | None = None) -> 
             )
         )
     if not curves:
-        why = losses.get("error") or f"skipped: {doc.get('loss_source')}"
-        figures.append(plots.placeholder(out / "model_loss.png", "loss curves", why, line))
+        error = losses.get("error")
+        figures.append(plots.missing_part(out / "model_loss.png", "loss curves", doc, "loss_source", error))
     else:
         figures.append(
             plots.xy_lines(curves, "step", "loss", out / "model_loss.png", "loss curves, TNL vs LLaMA", line)

@@ -50,6 +50,12 @@ def placeholder(path: pathlib.Path, title: str, message: str, machine_line: str)
     return _finish(fig, path, title, machine_line)
 
 
+def missing_part(path: pathlib.Path, title: str, doc: dict, source_key: str, error: str | None = None) -> pathlib.Path:
+    """The :func:`placeholder` of a part of a run that has no data: its ``error`` when it failed, else why the run
+    skipped it (the reason it recorded under ``doc[source_key]``)."""
+    return placeholder(path, title, error or f"skipped: {doc.get(source_key)}", doc["machine_line"])
+
+
 def _ok(records: list[dict], key: str) -> list[dict]:
     return [r for r in records if r.get("status") == "ok" and r.get(key) is not None]
 

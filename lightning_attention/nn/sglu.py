@@ -10,15 +10,21 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def gated_unit_projections(dim: int, hidden: int, bias: bool) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
+    """The three projections of a gated unit, in creation order: two ``dim -> hidden`` inputs and the
+    ``hidden -> dim`` output, marked for the scaled residual init (models/transnormer/model.py::_init_weights)."""
+    first, second = nn.Linear(dim, hidden, bias=bias), nn.Linear(dim, hidden, bias=bias)
+    out = nn.Linear(hidden, dim, bias=bias)
+    out._is_residual_projection = True
+    return first, second, out
+
+
 class SGLU(nn.Module):
     """``l3(l1(x) ⊙ l2(x))``; shapes ``x [..., dim]`` -> ``[..., dim]`` through a ``[..., hidden]`` product."""
 
     def __init__(self, dim: int, hidden: int, bias: bool = False):
         super().__init__()
-        self.l1 = nn.Linear(dim, hidden, bias=bias)
-        self.l2 = nn.Linear(dim, hidden, bias=bias)
-        self.l3 = nn.Linear(hidden, dim, bias=bias)
-        self.l3._is_residual_projection = True  # scaled init, see models/transnormer/model.py::_init_weights
+        self.l1, self.l2, self.l3 = gated_unit_projections(dim, hidden, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.l3(self.l1(x) * self.l2(x))
@@ -29,10 +35,7 @@ class SwiGLU(nn.Module):
 
     def __init__(self, dim: int, hidden: int, bias: bool = False):
         super().__init__()
-        self.gate_proj = nn.Linear(dim, hidden, bias=bias)
-        self.up_proj = nn.Linear(dim, hidden, bias=bias)
-        self.down_proj = nn.Linear(hidden, dim, bias=bias)
-        self.down_proj._is_residual_projection = True
+        self.gate_proj, self.up_proj, self.down_proj = gated_unit_projections(dim, hidden, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

@@ -78,24 +78,13 @@ def _decode_step_fake(q, k, v, state, slope, scale, state_indices, out) -> None:
     return None
 
 
-def _decode_step(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    state: torch.Tensor,
-    slope: torch.Tensor | None,
-    scale: float,
-    state_indices: torch.Tensor | None,
-    out: torch.Tensor,
-) -> None:
-    """The decode step as a PyTorch operator: updates ``state`` ``[P, H, K, V]`` and writes ``out`` ``[B, H, V]``.
-
-    q, k ``[B, H, K]``, v ``[B, H, V]``, slope ``[H]`` or None, state_indices ``[B]`` or None (P == B).
-    """
-    launch_decode_step(q, k, v, state, slope, scale, state_indices, out)
-
-
-decode_step_op = TritonOp("decode_step", _decode_step, _decode_step_fake, mutates_args=("state", "out"))
+# q, k [B, H, K], v [B, H, V], slope [H] or None, state_indices [B] or None (P == B); updates state [P, H, K, V]
+# and writes out [B, H, V] (the operator returns nothing: it may not return an alias of its input).
+decode_step_op = TritonOp(
+    "decode_step", launch_decode_step, _decode_step_fake, mutates_args=("state", "out"),
+    schema="(Tensor q, Tensor k, Tensor v, Tensor(a!) state, Tensor? slope, float scale, Tensor? state_indices, "
+    "Tensor(b!) out) -> ()",
+)  # fmt: skip
 
 
 def decode_step_triton(q, k, v, state, slope, scale, state_indices, out):

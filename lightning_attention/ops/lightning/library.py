@@ -42,22 +42,24 @@ def on_device_of(x: torch.Tensor):
 
 
 class TritonOp:
-    """``lightning_attention::name``: ``impl`` registered with its ``fake``. The operator's schema comes from the
-    type-annotated signature of ``schema`` (a function that only declares it, shared by operators of one schema), or
-    of ``impl`` itself. Calling the object runs ``impl`` on the first tensor's device, directly in plain eager mode and
-    through the registered operator otherwise (compiling, tracing, dispatch modes); :attr:`op` is the operator."""
+    """``lightning_attention::name``: ``impl`` registered with its ``fake`` and ``schema``, the ``torch.library``
+    schema text of its arguments and results (``"(Tensor q, float scale) -> Tensor"``; operators that share
+    arguments build it from shared pieces, as ops.py does), or None to infer it from ``impl``'s annotations.
+    Calling the object runs ``impl`` on the first tensor's device, directly in plain eager mode and through the
+    registered operator otherwise (compiling, tracing, dispatch modes); :attr:`op` is the operator."""
 
     def __init__(
-        self, name: str, impl: Callable, fake: Callable, mutates_args: tuple[str, ...] = (),
-        schema: Callable | None = None,
-    ):  # fmt: skip
-        @functools.wraps(schema or impl)  # torch.library reads the schema from this signature
+        self, name: str, impl: Callable, fake: Callable, mutates_args: tuple[str, ...] = (), schema: str | None = None
+    ):
+        @functools.wraps(impl)
         def on_device(*args, **kwargs):
             with on_device_of(args[0]):
                 return impl(*args, **kwargs)
 
         self.direct = on_device
-        self.op = torch.library.custom_op(f"lightning_attention::{name}", mutates_args=mutates_args)(on_device)
+        self.op = torch.library.custom_op(
+            f"lightning_attention::{name}", on_device, mutates_args=mutates_args, schema=schema
+        )
         self.op.register_fake(fake)
 
     def __call__(self, *args):
@@ -65,9 +67,10 @@ class TritonOp:
 
 
 def triton_op(
-    name: str, fake: Callable, mutates_args: tuple[str, ...] = (), schema: Callable | None = None
+    name: str, fake: Callable, mutates_args: tuple[str, ...] = (), schema: str | None = None
 ) -> Callable[[Callable], TritonOp]:
-    """Decorator form of :class:`TritonOp`: ``@triton_op("chunk_fwd", fake=...)`` over the implementation."""
+    """Decorator form of :class:`TritonOp`: ``@triton_op("chunk_fwd", fake=..., schema=...)`` over the
+    implementation."""
 
     def register(impl: Callable) -> TritonOp:
         return TritonOp(name, impl, fake, mutates_args, schema)

@@ -43,6 +43,22 @@ def _nothing(q: torch.Tensor) -> torch.Tensor:
     return q.new_empty(0, dtype=compute_dtype(q.dtype))
 
 
+# The operators' schemas (torch.library's syntax). The forward and the two backwards take the same inputs and
+# options: they are declared once here, so the three operators cannot drift apart. (A Python int is a SymInt in
+# torch.library's schemas.)
+
+_INPUTS = "Tensor q, Tensor k, Tensor v"
+_OPTIONS = "Tensor? slope, Tensor? initial_state, Tensor? cu_seqlens, Tensor? cu_seqlens_cpu, float scale"
+_FORWARD_SCHEMA = (
+    f"({_INPUTS}, {_OPTIONS}, bool output_final_state, SymInt inter_chunk=0, bool save_states=True)"
+    " -> (Tensor, Tensor, Tensor)"
+)
+_BACKWARD_SCHEMA = (
+    f"({_INPUTS}, Tensor do, Tensor? dht, {_OPTIONS}, SymInt inter_chunk=0, Tensor? fwd_states=None)"
+    " -> (Tensor, Tensor, Tensor, Tensor)"
+)
+
+
 # chunk_fwd
 
 
@@ -74,20 +90,9 @@ def _chunk_fwd_fake(
     return o, ht, q.new_empty((segments, H, K, V) if segments else (0,), dtype=sdt)
 
 
-@triton_op("chunk_fwd", fake=_chunk_fwd_fake)
-def chunk_fwd(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    slope: torch.Tensor | None,
-    initial_state: torch.Tensor | None,
-    cu_seqlens: torch.Tensor | None,
-    cu_seqlens_cpu: torch.Tensor | None,
-    scale: float,
-    output_final_state: bool,
-    inter_chunk: int = 0,
-    save_states: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+@triton_op("chunk_fwd", fake=_chunk_fwd_fake, schema=_FORWARD_SCHEMA)
+def chunk_fwd(q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk=0,
+              save_states=True):  # fmt: skip
     """Forward operator: (o [B, T, H, V], final_state [N, H, K, V] or an empty [0] tensor if not requested, segment
     states [NSEG, H, K, V] for the backward or an empty [0] tensor).
 
@@ -106,27 +111,10 @@ def chunk_fwd(
     return o, _nothing(q) if ht is None else ht, states
 
 
-# chunk_bwd and recompute_bwd (one schema: the autograd Function picks either)
-
-
-def _backward_schema(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    do: torch.Tensor,
-    dht: torch.Tensor | None,
-    slope: torch.Tensor | None,
-    initial_state: torch.Tensor | None,
-    cu_seqlens: torch.Tensor | None,
-    cu_seqlens_cpu: torch.Tensor | None,
-    scale: float,
-    inter_chunk: int = 0,
-    fwd_states: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The backward operators: (dq, dk, dv, dh0) of the loss whose gradients w.r.t. o and the final state are ``do``
-    and ``dht``; dh0 is [N, H, K, V] when ``initial_state`` is given, else an empty [0]. ``fwd_states``: the forward
-    operator's segment states (its third output; empty or None: recomputed)."""
-    raise NotImplementedError  # declares the schema only
+# chunk_bwd and recompute_bwd (one schema: the autograd Function picks either). Both return (dq, dk, dv, dh0) of
+# the loss whose gradients w.r.t. o and the final state are ``do`` and ``dht``; dh0 is [N, H, K, V] when
+# ``initial_state`` is given, else an empty [0]. ``fwd_states``: the forward operator's segment states (its third
+# output; empty or None: recomputed).
 
 
 def _backward_fake(q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, inter_chunk=0,
@@ -140,7 +128,7 @@ def _backward_fake(q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_seqlen
             q.new_empty(shape, dtype=compute_dtype(q.dtype)))  # fmt: skip
 
 
-@triton_op("chunk_bwd", fake=_backward_fake, schema=_backward_schema)
+@triton_op("chunk_bwd", fake=_backward_fake, schema=_BACKWARD_SCHEMA)
 def chunk_bwd(q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, inter_chunk=0,
               fwd_states=None):  # fmt: skip
     """The chunk backward (:func:`~lightning_attention.ops.lightning.run.chunk_backward`)."""
@@ -152,7 +140,7 @@ def chunk_bwd(q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu
     return dq, dk, dv, _nothing(q) if dh0 is None else dh0
 
 
-@triton_op("recompute_bwd", fake=_backward_fake, schema=_backward_schema)
+@triton_op("recompute_bwd", fake=_backward_fake, schema=_BACKWARD_SCHEMA)
 def recompute_bwd(q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, inter_chunk=0,
                   fwd_states=None):  # fmt: skip
     """The recompute backward (:func:`~lightning_attention.ops.lightning.recompute.recompute_backward`;
