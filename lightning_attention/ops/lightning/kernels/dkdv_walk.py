@@ -24,7 +24,38 @@ import functools
 import triton
 import triton.language as tl
 
-from lightning_attention.ops.lightning.kernels.walk import AUTOTUNE_CACHE, RCP_LN2, _segment, decayed_scores
+from lightning_attention.ops.lightning.kernels.walk import (
+    AUTOTUNE_CACHE,
+    _segment,
+    chunk_rows,
+    inter_decay,
+    inter_product,
+    intra_product,
+    load_state,
+    log2_decay,
+    state_tile,
+    tail_decay,
+    weighted_rows,
+)
+
+
+@triton.jit
+def _role_rows(b_a, b_b, b_c, b_x, inter_dec, p_walk, c, scale,
+               TRANS_X: tl.constexpr, HAS_DECAY: tl.constexpr, INTER_ONLY: tl.constexpr,
+               ACC: tl.constexpr, DOT_PREC: tl.constexpr, INTER_PREC: tl.constexpr):  # fmt: skip
+    """One output tile [BT, BC] of the reverse walk in the role (a, b, c) with state X [BA, BC]::
+
+        out = λ^(r+d0) a X + scale · [(a bᵀ) ⊙ D] c        D_ij = λ^(r_i - r_j) for r_i >= r_j, else 0
+
+    dv: (a, b, c, X) = (k, q, do, G); dk: (v, do, q, Gᵀ), passed as G with TRANS_X. ``inter_dec`` [BT, 1] is
+    λ^(r+d0) (unused without HAS_DECAY); the factor goes on the product's rows, not the operands (a goes to the
+    tensor cores as loaded, and no [BT, K] fp32 copy is live)."""
+    b_out = inter_product(b_a, b_x, ACC, INTER_PREC, TRANS_X)
+    if HAS_DECAY:
+        b_out = b_out * inter_dec
+    if not INTER_ONLY:
+        b_out = intra_product(b_out, b_a, b_b, b_c, p_walk, c, scale, HAS_DECAY, False, ACC, DOT_PREC)
+    return b_out
 
 
 @triton.jit(do_not_specialize=["T", "NS", "SEG", "CS"])
@@ -70,11 +101,7 @@ def _dkdv_walk_kernel(
     i_h = pid % H
     i_s = pid // H
     i_n, i_b, bos, eos, first, last = _segment(i_s, cu_seqlens, seg_table, T, NS, SEG, VARLEN)
-
-    if HAS_DECAY:
-        c = tl.load(slope + i_h).to(ACC) * RCP_LN2  # λ^x = exp2(-c·x)
-    else:
-        c = tl.zeros([], dtype=ACC)
+    c = log2_decay(slope, i_h, HAS_DECAY, ACC)
 
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
@@ -94,11 +121,9 @@ def _dkdv_walk_kernel(
     # incoming G [BK, BV]: the segment's state from the scan, dht, or zeros
     b_g = tl.zeros([BK, BV], dtype=ACC)
     if SEG_IN:
-        p_g = states + tl.cast(i_s, tl.int64) * sst_n + i_h64 * sst_h + o_k[:, None] * sst_k + o_v[None, :] * sst_v
-        b_g = tl.load(p_g, mask=m_kv, other=0.0).to(ACC)
+        b_g = load_state(states, i_s, sst_n, i_h64, sst_h, o_k, o_v, sst_k, sst_v, m_kv, ACC)
     elif USE_H0:
-        p_g = dht + tl.cast(i_n, tl.int64) * sht_n + i_h64 * sht_h + o_k[:, None] * sht_k + o_v[None, :] * sht_v
-        b_g = tl.load(p_g, mask=m_kv, other=0.0).to(ACC)
+        b_g = load_state(dht, i_n, sht_n, i_h64, sht_h, o_k, o_v, sht_k, sht_v, m_kv, ACC)
     # exponent offset: 0 while the walk starts from dht (G_{T-1} = dht + ..., not decayed), else 1
     d0 = tl.where(last, 0, 1)
 
@@ -106,54 +131,30 @@ def _dkdv_walk_kernel(
     n_chunks = (eos - bos + C - 1) // C
     p_walk = -o_t  # walk positions up to the chunk's shift (r = L - 1 - o_t): the decay matrix is built once
     for i_c in range(0, n_chunks):
-        lo = bos + (n_chunks - 1 - i_c) * C
-        L = tl.minimum(lo + C, eos) - lo
-        m_t = o_t < L
-        r = L - 1 - o_t  # walk position (< 0 on padding rows)
-        rows = tl.cast(lo, tl.int64) + o_t
+        _, L, m_t, r, rows = chunk_rows(i_c, n_chunks, bos, eos, C, o_t, True)
         m_tk = m_t[:, None] & m_k[None, :]
         m_tv = m_t[:, None] & m_v[None, :]
         b_q = tl.load(p_q + rows[:, None] * sq_t + o_k[None, :], mask=m_tk, other=0.0)
         b_k = tl.load(p_k + rows[:, None] * sk_t + o_k[None, :], mask=m_tk, other=0.0)
         b_v = tl.load(p_v + rows[:, None] * sv_t + o_v[None, :], mask=m_tv, other=0.0)
         b_do = tl.load(p_do + rows[:, None] * sdo_t + o_v[None, :], mask=m_tv, other=0.0)
-        # inter factor λ^(r+d0) per row, applied to the product's rows (not to the operands: k and v go to the
-        # tensor cores as loaded, and no [BT, K] fp32 copy is live)
-        if HAS_DECAY:
-            inter_dec = tl.where(m_t, tl.exp2(-c * (tl.maximum(r, 0) + d0).to(ACC)), 0.0)[:, None]
-        # G as the inter product's operand: fp32, or rounded to bf16 for bf16 inputs (the carried G stays fp32)
+        inter_dec = inter_decay(c, r, d0, m_t, ACC)[:, None]  # λ^(r+d0) per row (unused, so not built, without decay)
+        # G as the inter products' operand: fp32, or rounded once to bf16 for bf16 inputs (the carried G stays fp32)
         if INTER_PREC == "input":
             b_gi = b_g.to(b_k.dtype)
-            b_dv = tl.dot(b_k, b_gi, out_dtype=ACC)
         else:
             b_gi = b_g
-            b_dv = tl.dot(b_k.to(ACC), b_gi, out_dtype=ACC, input_precision=INTER_PREC)
-        # dv (finished and stored before dk starts: one [BT, BV] accumulator live at a time):
-        # inter λ^(r+d0) k G, intra anti-causal in time (r_i >= r_j) from (k qᵀ) and do
-        if HAS_DECAY:
-            b_dv = b_dv * inter_dec
-        if not INTER_ONLY:
-            b_a = tl.dot(b_k, tl.trans(b_q), out_dtype=ACC, input_precision=DOT_PREC)
-            b_a = decayed_scores(b_a, p_walk, c, scale, HAS_DECAY, ACC).to(b_do.dtype)
-            b_dv = tl.dot(b_a, b_do, b_dv, out_dtype=ACC, input_precision=DOT_PREC)
+        # dv (finished and stored before dk starts: one [BT, BV] accumulator live at a time), then dk
+        b_dv = _role_rows(b_k, b_q, b_do, b_gi, inter_dec, p_walk, c, scale, False, HAS_DECAY, INTER_ONLY, ACC,
+                          DOT_PREC, INTER_PREC)  # fmt: skip
         tl.store(p_dv + rows[:, None] * sdv_t + o_v[None, :], b_dv.to(dv.dtype.element_ty), mask=m_tv)
-        # dk: inter λ^(r+d0) v Gᵀ, intra from (v doᵀ) and q
-        if INTER_PREC == "input":
-            b_dk = tl.dot(b_v, tl.trans(b_gi), out_dtype=ACC)
-        else:
-            b_dk = tl.dot(b_v.to(ACC), tl.trans(b_gi), out_dtype=ACC, input_precision=INTER_PREC)
-        if HAS_DECAY:
-            b_dk = b_dk * inter_dec
-        if not INTER_ONLY:
-            b_b = tl.dot(b_v, tl.trans(b_do), out_dtype=ACC, input_precision=DOT_PREC)
-            b_b = decayed_scores(b_b, p_walk, c, scale, HAS_DECAY, ACC).to(b_q.dtype)
-            b_dk = tl.dot(b_b, b_q, b_dk, out_dtype=ACC, input_precision=DOT_PREC)
+        b_dk = _role_rows(b_v, b_do, b_q, b_gi, inter_dec, p_walk, c, scale, True, HAS_DECAY, INTER_ONLY, ACC,
+                          DOT_PREC, INTER_PREC)  # fmt: skip
         tl.store(p_dk + rows[:, None] * sdk_t + o_k[None, :], b_dk.to(dk.dtype.element_ty), mask=m_tk)
 
         # G = λ^(L-1+d0) G + scale·(λ^(L-1-r) q)ᵀ do, operands in the input dtype
         if HAS_DECAY:
-            q_dec = tl.where(m_t, tl.exp2(-c * tl.maximum(L - 1 - r, 0).to(ACC)), 0.0)
-            b_qd = (b_q.to(ACC) * q_dec[:, None]).to(b_q.dtype)
+            b_qd = weighted_rows(b_q, tail_decay(c, r, L, m_t, ACC), ACC)
             blk_dec = tl.exp2(-c * (L - 1 + d0).to(ACC))
             b_g = b_g * blk_dec + scale * tl.dot(tl.trans(b_qd), b_do, out_dtype=ACC, input_precision=DOT_PREC)
         else:
@@ -163,7 +164,7 @@ def _dkdv_walk_kernel(
     if STORE_HT:
         if HAS_DECAY:
             b_g = b_g * tl.exp2(-c * d0.to(ACC))  # dh0 = λ G_0 (= dht when the sequence is empty)
-        p_g = dh0 + tl.cast(i_n, tl.int64) * sh0_n + i_h64 * sh0_h + o_k[:, None] * sh0_k + o_v[None, :] * sh0_v
+        p_g = state_tile(dh0, i_n, sh0_n, i_h64, sh0_h, o_k, o_v, sh0_k, sh0_v)
         tl.store(p_g, b_g.to(dh0.dtype.element_ty), mask=m_kv)
 
 

@@ -35,6 +35,8 @@ carried already transposed where a kernel needs Sᵀ), which avoids the Hopper `
 import triton
 import triton.language as tl
 
+from lightning_attention.ops.lightning.kernels.walk import tail_decay, weighted_rows
+
 # 1/ln 2: λ^n = exp(-slope·n) = exp2(-slope·RCP_LN2·n), and exp2 is the native instruction
 RCP_LN2 = tl.constexpr(1.4426950408889634)
 
@@ -58,6 +60,48 @@ def _sequence_bounds(cu_seqlens, i_n, T, IS_VARLEN: tl.constexpr):
 def _log2_decay(slope, i_h, ACC: tl.constexpr):
     """-log2(λ) of head ``i_h`` in the accumulator dtype."""
     return tl.load(slope + i_h).to(ACC) * RCP_LN2
+
+
+@triton.jit
+def _chunk_tokens(i, NT, bos, eos, o_t, BT: tl.constexpr, REVERSE: tl.constexpr):
+    """Micro-chunk ``i`` of NT over [bos, eos), the last one first when REVERSE: (first token t0, token indices
+    [BT], token mask [BT]), int64."""
+    if REVERSE:
+        t0 = bos + (NT - 1 - tl.cast(i, tl.int64)) * BT
+    else:
+        t0 = bos + tl.cast(i, tl.int64) * BT
+    o_tt = t0 + o_t
+    return t0, o_tt, o_tt < eos
+
+
+@triton.jit
+def _load_rows(p0, o_tt, stride_t, o_c, m_t, m_c):
+    """The [BT, BC] tile at tokens ``o_tt`` and columns ``o_c`` of one (batch row, head) of a [B, T, H, C] tensor
+    (``p0`` its first element), zeros outside the masks."""
+    return tl.load(p0 + o_tt[:, None] * stride_t + o_c[None, :], mask=m_t[:, None] & m_c[None, :], other=0.0)
+
+
+@triton.jit
+def _masked_product(b_x, b_y, b_z, mask, b_w, WEIGHTED: tl.constexpr, ACC: tl.constexpr,
+                    DOT_PRECISION: tl.constexpr):  # fmt: skip
+    """[(X Yᵀ) ⊙ W, masked] Z for [BT, *] tiles: the token×token tile recomputed, weighted by ``b_w`` (a [BT, BT]
+    tile or a scalar; not with WEIGHTED off), selected by ``mask`` (not multiplied by zeros: 0 · NaN from a
+    non-finite token on the masked side would be NaN), in Z's dtype for the second dot."""
+    b_s = tl.dot(b_x, tl.trans(b_y), input_precision=DOT_PRECISION, out_dtype=ACC)
+    if WEIGHTED:
+        b_s = tl.where(mask, b_s * b_w, 0.0)
+    else:
+        b_s = tl.where(mask, b_s, 0.0)
+    return tl.dot(b_s.to(b_z.dtype), b_z, input_precision=DOT_PRECISION, out_dtype=ACC)
+
+
+@triton.jit
+def _decayed_update(b_x, b_y, y_dec, b_z, b_c, n_valid, ACC: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """X ← λ^n_valid X + (diag(y_dec) Y)ᵀ Z: the carried state decayed over the chunk's ``n_valid`` tokens plus the
+    chunk's rows, each weighted by its own decay (operands in the input dtype); λ^x = exp2(-b_c·x)."""
+    b_yd = weighted_rows(b_y, y_dec, ACC)
+    x_dec = tl.exp2(-b_c * n_valid.to(ACC))
+    return b_x * x_dec + tl.dot(tl.trans(b_yd), b_z, input_precision=DOT_PRECISION, out_dtype=ACC)
 
 
 @triton.jit
@@ -127,22 +171,18 @@ def _dq_sweep(
         # [BT, BT] λ^(i-j) on and below the diagonal; the where keeps exp2 of positive powers out
         b_D = tl.where(causal, tl.exp2(-b_c * tl.maximum(o_t[:, None] - o_t[None, :], 0).to(ACC)), 0.0)
         b_qdecay = tl.exp2(-b_c * (o_t + 1).to(ACC))  # [BT] λ^(i+1)
+    else:
+        b_D = 1.0  # not read: without decay the causal mask alone weights dA
 
-    for i_t in range(tl.cdiv(eos - bos, BT)):
-        t0 = bos + tl.cast(i_t, tl.int64) * BT
-        o_tt = t0 + o_t
-        m_t = o_tt < eos
-        b_k = tl.load(p_k0 + o_tt[:, None] * stride_k_t + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
-        b_v = tl.load(p_v0 + o_tt[:, None] * stride_v_t + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
-        b_do = tl.load(p_do0 + o_tt[:, None] * stride_do_t + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
+    NT = tl.cdiv(eos - bos, BT)
+    for i_t in range(NT):
+        t0, o_tt, m_t = _chunk_tokens(i_t, NT, bos, eos, o_t, BT, False)
+        b_k = _load_rows(p_k0, o_tt, stride_k_t, o_k, m_t, m_k)
+        b_v = _load_rows(p_v0, o_tt, stride_v_t, o_v, m_t, m_v)
+        b_do = _load_rows(p_do0, o_tt, stride_do_t, o_v, m_t, m_v)
 
-        # intra: dA = dO Vᵀ recomputed [BT, BT], masked and decayed, then dA @ K
-        b_dA = tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PRECISION, out_dtype=ACC)
-        if HAS_DECAY:  # selected, not multiplied by b_D's zeros: 0 · NaN (a non-finite later v) would be NaN
-            b_dA = tl.where(causal, b_dA * b_D, 0.0)
-        else:
-            b_dA = tl.where(causal, b_dA, 0.0)
-        b_dq = tl.dot(b_dA.to(b_k.dtype), b_k, input_precision=DOT_PRECISION, out_dtype=ACC)  # [BT, BK]
+        # intra: dA = dO Vᵀ recomputed [BT, BT], masked and decayed, then dA @ K [BT, BK]
+        b_dq = _masked_product(b_do, b_v, b_k, causal, b_D, HAS_DECAY, ACC, DOT_PRECISION)
         # inter: λ^(i+1) do_i S_prevᵀ, S_prev taken before this chunk is added (adding it first would count it twice)
         b_inter = tl.dot(b_do.to(STATE_OP), b_hT.to(STATE_OP), input_precision=DOT_PRECISION, out_dtype=ACC)
         if HAS_DECAY:
@@ -157,11 +197,8 @@ def _dq_sweep(
         # S ← λ^L S + Σ_j λ^(L-1-j) k_jᵀ v_j, as Sᵀ ← λ^L Sᵀ + (λ^(L-1-j) v)ᵀ k
         if HAS_DECAY:
             n_valid = tl.minimum(eos - t0, BT)
-            b_kdecay = tl.where(o_t < n_valid, tl.exp2(-b_c * tl.maximum(n_valid - 1 - o_t, 0).to(ACC)), 0.0)
-            b_vd = (b_v.to(ACC) * b_kdecay[:, None]).to(b_v.dtype)
-            b_hT = b_hT * tl.exp2(-b_c * n_valid.to(ACC)) + tl.dot(
-                tl.trans(b_vd), b_k, input_precision=DOT_PRECISION, out_dtype=ACC
-            )
+            b_kdecay = tail_decay(b_c, o_t, n_valid, o_t < n_valid, ACC)
+            b_hT = _decayed_update(b_hT, b_v, b_kdecay, b_k, b_c, n_valid, ACC, DOT_PRECISION)
         else:
             b_hT += tl.dot(tl.trans(b_v), b_k, input_precision=DOT_PRECISION, out_dtype=ACC)
 
@@ -243,29 +280,23 @@ def _reverse_sweep(
         # [BT(j), BT(i)] scale·λ^(i-j) for i >= j
         b_DT = tl.where(anticausal, tl.exp2(-b_c * tl.maximum(o_t[None, :] - o_t[:, None], 0).to(ACC)), 0.0) * scale
         b_bdecay = tl.exp2(-b_c * (o_t + 1).to(ACC)) * scale  # [BT] scale·λ^(i+1)
+    else:
+        b_DT = scale  # scale on and below the diagonal
 
     NT = tl.cdiv(eos - bos, BT)
     for i_r in range(NT):
-        t0 = bos + (NT - 1 - tl.cast(i_r, tl.int64)) * BT
-        o_tt = t0 + o_t
-        m_t = o_tt < eos
-        b_a = tl.load(p_a0 + o_tt[:, None] * stride_a_t + o_a[None, :], mask=m_t[:, None] & m_a[None, :], other=0.0)
-        b_b = tl.load(p_b0 + o_tt[:, None] * stride_b_t + o_a[None, :], mask=m_t[:, None] & m_a[None, :], other=0.0)
-        b_cc = tl.load(p_c0 + o_tt[:, None] * stride_c_t + o_c[None, :], mask=m_t[:, None] & m_c[None, :], other=0.0)
+        t0, o_tt, m_t = _chunk_tokens(i_r, NT, bos, eos, o_t, BT, True)
+        b_a = _load_rows(p_a0, o_tt, stride_a_t, o_a, m_t, m_a)
+        b_b = _load_rows(p_b0, o_tt, stride_b_t, o_a, m_t, m_a)
+        b_cc = _load_rows(p_c0, o_tt, stride_c_t, o_c, m_t, m_c)
 
-        # intra: Mᵀ[j, i] = a_j·b_i recomputed [BT, BT], masked to i >= j, then Mᵀ @ c
-        b_MT = tl.dot(b_a, tl.trans(b_b), input_precision=DOT_PRECISION, out_dtype=ACC)
-        if HAS_DECAY:  # selected, not multiplied by b_DT's zeros: 0 · NaN (a non-finite earlier b) would be NaN
-            b_MT = tl.where(anticausal, b_MT * b_DT, 0.0)
-        else:
-            b_MT = tl.where(anticausal, b_MT * scale, 0.0)
-        b_out = tl.dot(b_MT.to(b_cc.dtype), b_cc, input_precision=DOT_PRECISION, out_dtype=ACC)  # [BT, BC]
+        # intra: Mᵀ[j, i] = a_j·b_i recomputed [BT, BT], masked to i >= j, then Mᵀ @ c [BT, BC]
+        b_out = _masked_product(b_a, b_b, b_cc, anticausal, b_DT, True, ACC, DOT_PRECISION)
         # inter: λ^(L-1-j) a_j X_next
         b_inter = tl.dot(b_a.to(STATE_OP), b_x.to(STATE_OP), input_precision=DOT_PRECISION, out_dtype=ACC)
         if HAS_DECAY:
             n_valid = tl.minimum(eos - t0, BT)
-            b_adecay = tl.where(o_t < n_valid, tl.exp2(-b_c * tl.maximum(n_valid - 1 - o_t, 0).to(ACC)), 0.0)
-            b_inter = b_inter * b_adecay[:, None]
+            b_inter = b_inter * tail_decay(b_c, o_t, n_valid, o_t < n_valid, ACC)[:, None]
         tl.store(
             p_out0 + o_tt[:, None] * H * C + o_c[None, :],
             (b_out + b_inter).to(out.dtype.element_ty),
@@ -274,10 +305,7 @@ def _reverse_sweep(
 
         # X ← λ^L X + (scale λ^(i+1) b)ᵀ c
         if HAS_DECAY:
-            b_bd = (b_b.to(ACC) * b_bdecay[:, None]).to(b_b.dtype)
-            b_x = b_x * tl.exp2(-b_c * n_valid.to(ACC)) + tl.dot(
-                tl.trans(b_bd), b_cc, input_precision=DOT_PRECISION, out_dtype=ACC
-            )
+            b_x = _decayed_update(b_x, b_b, b_bdecay, b_cc, b_c, n_valid, ACC, DOT_PRECISION)
         else:
             b_bd = (b_b.to(ACC) * scale).to(b_b.dtype)
             b_x += tl.dot(tl.trans(b_bd), b_cc, input_precision=DOT_PRECISION, out_dtype=ACC)

@@ -98,6 +98,98 @@ def decayed_scores(b_a, p, c, scale, HAS_DECAY: tl.constexpr, ACC: tl.constexpr)
         return tl.where(causal, b_a * scale, 0.0)
 
 
+@triton.jit
+def log2_decay(slope, i_h, HAS_DECAY: tl.constexpr, ACC: tl.constexpr):
+    """c = slope · log2(e) of head ``i_h`` (λ^x = exp2(-c·x)), in the accumulator dtype; 0 without decay."""
+    if HAS_DECAY:
+        return tl.load(slope + i_h).to(ACC) * RCP_LN2
+    else:
+        return tl.zeros([], dtype=ACC)
+
+
+@triton.jit
+def state_tile(base, i_x, s_x, i_h64, s_h, o_k, o_v, s_k, s_v):
+    """Pointers [BK, BV] to rows ``o_k`` and columns ``o_v`` of head ``i_h64`` in slot ``i_x`` (sequence or segment)
+    of a strided [N, H, DK, DV] state buffer; int64 offsets."""
+    return base + tl.cast(i_x, tl.int64) * s_x + i_h64 * s_h + o_k[:, None] * s_k + o_v[None, :] * s_v
+
+
+@triton.jit
+def load_state(base, i_x, s_x, i_h64, s_h, o_k, o_v, s_k, s_v, m_kv, ACC: tl.constexpr):
+    """The state tile [BK, BV] of :func:`state_tile`, masked to the head dims and read as ``ACC``."""
+    return tl.load(state_tile(base, i_x, s_x, i_h64, s_h, o_k, o_v, s_k, s_v), mask=m_kv, other=0.0).to(ACC)
+
+
+@triton.jit
+def chunk_rows(i_c, n_chunks, bos, eos, C, o_t, REVERSE: tl.constexpr):
+    """Chunk ``i_c`` of a walk over [bos, eos) in chunks of C tokens aligned to ``bos``, from the last chunk first when
+    REVERSE: (first token lo, length L, row mask [BT], walk positions r [BT], token rows [BT] int64). r is the
+    distance from the chunk's first token in walk order (reverse: from its last token; < 0 on padding rows)."""
+    if REVERSE:
+        lo = bos + (n_chunks - 1 - i_c) * C
+    else:
+        lo = bos + i_c * C
+    L = tl.minimum(lo + C, eos) - lo
+    m_t = o_t < L
+    if REVERSE:
+        r = L - 1 - o_t
+    else:
+        r = o_t
+    rows = tl.cast(lo, tl.int64) + o_t
+    return lo, L, m_t, r, rows
+
+
+@triton.jit
+def inter_decay(c, r, d0, m_t, ACC: tl.constexpr):
+    """λ^(r+d0) [BT]: the incoming state's decay at walk position r; padding rows selected to 0."""
+    return tl.where(m_t, tl.exp2(-c * (tl.maximum(r, 0) + d0).to(ACC)), 0.0)
+
+
+@triton.jit
+def tail_decay(c, r, L, m_t, ACC: tl.constexpr):
+    """λ^(L-1-r) [BT]: decay from walk position r to the chunk's last position; padding rows selected to 0."""
+    return tl.where(m_t, tl.exp2(-c * tl.maximum(L - 1 - r, 0).to(ACC)), 0.0)
+
+
+@triton.jit
+def weighted_rows(b_x, w, ACC: tl.constexpr):
+    """diag(w) X for a [BT, D] tile, multiplied in fp32 and rounded back to X's dtype (a dot operand)."""
+    return (b_x.to(ACC) * w[:, None]).to(b_x.dtype)
+
+
+@triton.jit
+def inter_product(b_q, b_s, ACC: tl.constexpr, INTER_PREC: tl.constexpr, TRANS_S: tl.constexpr = False):
+    """q · S [BT, BV] (q · Sᵀ with TRANS_S) against the carried fp32 state: S rounded to q's dtype for INTER_PREC
+    "input" (bf16 inputs: 8 exponent bits), else fp32 operands at INTER_PREC. The transpose is taken here, after
+    q's conversion, so the instructions are issued in the order of the kernels that spell the product out."""
+    if INTER_PREC == "input":
+        if TRANS_S:
+            return tl.dot(b_q, tl.trans(b_s).to(b_q.dtype), out_dtype=ACC)
+        else:
+            return tl.dot(b_q, b_s.to(b_q.dtype), out_dtype=ACC)
+    else:
+        b_qa = b_q.to(ACC)
+        if TRANS_S:
+            return tl.dot(b_qa, tl.trans(b_s), out_dtype=ACC, input_precision=INTER_PREC)
+        else:
+            return tl.dot(b_qa, b_s, out_dtype=ACC, input_precision=INTER_PREC)
+
+
+@triton.jit
+def intra_product(b_o, b_q, b_k, b_v, p, c, scale, HAS_DECAY: tl.constexpr, APART: tl.constexpr, ACC: tl.constexpr,
+                  DOT_PREC: tl.constexpr):  # fmt: skip
+    """b_o + scale · [(Q Kᵀ) ⊙ D] V [BT, BV], D from walk positions p (:func:`decayed_scores`). APART scales the
+    product and adds it after the dot (``b_o + tl.dot(...)`` alone is folded back into the accumulator form), else
+    the scores are scaled and b_o is the dot's accumulator."""
+    b_a = tl.dot(b_q, tl.trans(b_k), out_dtype=ACC, input_precision=DOT_PREC)  # [BT, BT]
+    if APART:
+        b_a = decayed_scores(b_a, p, c, 1.0, HAS_DECAY, ACC).to(b_v.dtype)
+        return b_o + scale * tl.dot(b_a, b_v, out_dtype=ACC, input_precision=DOT_PREC)
+    else:
+        b_a = decayed_scores(b_a, p, c, scale, HAS_DECAY, ACC).to(b_v.dtype)
+        return tl.dot(b_a, b_v, b_o, out_dtype=ACC, input_precision=DOT_PREC)
+
+
 # batch strides stay specialisable (divisibility by 16 gives the compiler aligned, vectorised loads; T·H·K is a
 # multiple of 16 for any K that is): only lengths and counts are runtime values
 @triton.jit(do_not_specialize=["T", "NS", "SEG", "CS", "WAVES"])
@@ -150,11 +242,7 @@ def _walk_kernel(
     i_h = (pid // NV) % H
     i_s = pid // (NV * H)
     i_n, i_b, bos, eos, first, last = _segment(i_s, cu_seqlens, seg_table, T, NS, SEG, VARLEN)
-
-    if HAS_DECAY:
-        c = tl.load(slope + i_h).to(ACC) * RCP_LN2  # λ^x = exp2(-c·x)
-    else:
-        c = tl.zeros([], dtype=ACC)
+    c = log2_decay(slope, i_h, HAS_DECAY, ACC)
 
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
@@ -182,11 +270,9 @@ def _walk_kernel(
     # incoming state [BK, BV]: a segment boundary state from the scan, the initial state, or zeros
     b_s = tl.zeros([BK, BV], dtype=ACC)
     if SEG_IN:
-        p_s = states + tl.cast(i_s, tl.int64) * sst_n + i_h64 * sst_h + o_k[:, None] * sst_k + o_v[None, :] * sst_v
-        b_s = tl.load(p_s, mask=m_kv, other=0.0).to(ACC)
+        b_s = load_state(states, i_s, sst_n, i_h64, sst_h, o_k, o_v, sst_k, sst_v, m_kv, ACC)
     elif USE_H0:
-        p_s = h0 + tl.cast(i_n, tl.int64) * sh0_n + i_h64 * sh0_h + o_k[:, None] * sh0_k + o_v[None, :] * sh0_v
-        b_s = tl.load(p_s, mask=m_kv, other=0.0).to(ACC)
+        b_s = load_state(h0, i_n, sh0_n, i_h64, sh0_h, o_k, o_v, sh0_k, sh0_v, m_kv, ACC)
 
     # exponent offset of the incoming state: 1 (S_{-1} is decayed before token 0), except a reverse walk starting
     # from dht, where G_{T-1} = dht + ... (no decay); it becomes 1 after the first chunk
@@ -211,17 +297,7 @@ def _walk_kernel(
         else:
             n_chunks = tl.where(last, 0, n_chunks)
     for i_c in tl.range(0, n_chunks):
-        if REVERSE:
-            lo = bos + (n_chunks - 1 - i_c) * C
-        else:
-            lo = bos + i_c * C
-        L = tl.minimum(lo + C, eos) - lo
-        m_t = o_t < L
-        if REVERSE:
-            r = L - 1 - o_t  # walk position = distance from the chunk's last token (< 0 on padding rows)
-        else:
-            r = o_t
-        rows = tl.cast(lo, tl.int64) + o_t  # [BT] token index in the batch row (int64 addresses)
+        lo, L, m_t, r, rows = chunk_rows(i_c, n_chunks, bos, eos, C, o_t, REVERSE)
 
         if USE_TMA:
             b_k = d_k.load([lo, 0])
@@ -231,7 +307,7 @@ def _walk_kernel(
             b_v = tl.load(p_v + rows[:, None] * sv_t + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
         if HAS_DECAY:
             # λ^(L-1-r): decay from the token to the chunk's last walk position; padding rows selected to 0
-            k_dec = tl.where(m_t, tl.exp2(-c * tl.maximum(L - 1 - r, 0).to(ACC)), 0.0)
+            k_dec = tail_decay(c, r, L, m_t, ACC)
             blk_dec = tl.exp2(-c * (L - 1 + d0).to(ACC))
 
         if not STATE_ONLY:
@@ -242,25 +318,14 @@ def _walk_kernel(
             # inter: λ^(r+d0) q · S with the factor applied to the product's rows (q goes to the tensor cores as
             # loaded; no [BT, K] fp32 copy live); the carried state stays fp32, only the product's operands may be
             # rounded
-            if INTER_PREC == "input":  # bf16 inputs only: S rounded to bf16 (8 exponent bits) for this product
-                b_o = tl.dot(b_q, b_s.to(b_q.dtype), out_dtype=ACC)
-            else:
-                b_o = tl.dot(b_q.to(ACC), b_s, out_dtype=ACC, input_precision=INTER_PREC)
+            b_o = inter_product(b_q, b_s, ACC, INTER_PREC)
             if HAS_DECAY:
-                inter_dec = tl.where(m_t, tl.exp2(-c * (tl.maximum(r, 0) + d0).to(ACC)), 0.0) * scale_inter
-                b_o = b_o * inter_dec[:, None]
+                b_o = b_o * (inter_decay(c, r, d0, m_t, ACC) * scale_inter)[:, None]
             else:
                 b_o = b_o * scale_inter
             if not INTER_ONLY:
                 # intra: [(Q Kᵀ) ⊙ D] V, D_ij = λ^(r_i - r_j) for r_i >= r_j
-                b_a = tl.dot(b_q, tl.trans(b_k), out_dtype=ACC, input_precision=DOT_PREC)  # [BT, BT]
-                if INTER_APART:
-                    # scaled after the product: `b_o + tl.dot(...)` alone is folded back into the accumulator form
-                    b_a = decayed_scores(b_a, p_walk, c, 1.0, HAS_DECAY, ACC).to(b_v.dtype)
-                    b_o = b_o + scale_intra * tl.dot(b_a, b_v, out_dtype=ACC, input_precision=DOT_PREC)  # [BT, BV]
-                else:
-                    b_a = decayed_scores(b_a, p_walk, c, scale_intra, HAS_DECAY, ACC).to(b_v.dtype)
-                    b_o = tl.dot(b_a, b_v, b_o, out_dtype=ACC, input_precision=DOT_PREC)  # [BT, BV]
+                b_o = intra_product(b_o, b_q, b_k, b_v, p_walk, c, scale_intra, HAS_DECAY, INTER_APART, ACC, DOT_PREC)
             if USE_TMA:
                 d_o.store([lo, i_v * BV], b_o.to(o.dtype.element_ty))
             else:
@@ -273,7 +338,7 @@ def _walk_kernel(
         # state update: S = λ^(L-1+d0) S + scale_upd · Kᵀ (λ^(L-1-r) V), operands in the input dtype (the row factor
         # on the [BT, BV] v tile, the smaller operand)
         if HAS_DECAY:
-            b_vd = (b_v.to(ACC) * k_dec[:, None]).to(b_v.dtype)
+            b_vd = weighted_rows(b_v, k_dec, ACC)
             b_s = b_s * blk_dec + scale_upd * tl.dot(tl.trans(b_k), b_vd, out_dtype=ACC, input_precision=DOT_PREC)
         else:
             b_s = b_s + scale_upd * tl.dot(tl.trans(b_k), b_v, out_dtype=ACC, input_precision=DOT_PREC)
@@ -281,14 +346,14 @@ def _walk_kernel(
             d0 = d0 * 0 + 1
 
     if STATE_ONLY:
-        p_s = states + tl.cast(i_s, tl.int64) * sst_n + i_h64 * sst_h + o_k[:, None] * sst_k + o_v[None, :] * sst_v
-        tl.store(p_s, b_s.to(states.dtype.element_ty), mask=m_kv)
+        p_seg = state_tile(states, i_s, sst_n, i_h64, sst_h, o_k, o_v, sst_k, sst_v)
+        tl.store(p_seg, b_s.to(states.dtype.element_ty), mask=m_kv)
     elif STORE_HT:
         if REVERSE:
             if HAS_DECAY:
                 b_s = b_s * tl.exp2(-c * d0.to(ACC))  # dh0 = λ G_0 (= dht when the sequence is empty)
-        p_s = ht + tl.cast(i_n, tl.int64) * sht_n + i_h64 * sht_h + o_k[:, None] * sht_k + o_v[None, :] * sht_v
-        tl.store(p_s, b_s.to(ht.dtype.element_ty), mask=m_kv)
+        p_ht = state_tile(ht, i_n, sht_n, i_h64, sht_h, o_k, o_v, sht_k, sht_v)
+        tl.store(p_ht, b_s.to(ht.dtype.element_ty), mask=m_kv)
 
 
 # tuning results cached on disk where this Triton has the option (3.3+): a new process skips the tuning runs
@@ -350,10 +415,7 @@ def lightning_scan_kernel(
     i_v = tl.program_id(2)
     i_n = i_nh // H
     i_h = i_nh % H
-    if HAS_DECAY:
-        c = tl.load(slope + i_h).to(ACC) * RCP_LN2
-    else:
-        c = tl.zeros([], dtype=ACC)
+    c = log2_decay(slope, i_h, HAS_DECAY, ACC)
     o_k = i_k * BK + tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_kv = (o_k < DK)[:, None] & (o_v < DV)[None, :]
@@ -364,8 +426,7 @@ def lightning_scan_kernel(
 
     b_s = tl.zeros([BK, BV], dtype=ACC)
     if USE_H0:
-        p_h0 = h0 + i_n64 * sh0_n + i_h64 * sh0_h + o_k[:, None] * sh0_k + o_v[None, :] * sh0_v
-        b_s = tl.load(p_h0, mask=m_kv, other=0.0).to(ACC)
+        b_s = load_state(h0, i_n64, sh0_n, i_h64, sh0_h, o_k, o_v, sh0_k, sh0_v, m_kv, ACC)
     if VARLEN == 0:
         s_lo = i_n * NS
         n_segs = NS
@@ -431,5 +492,5 @@ def lightning_scan_kernel(
         if REVERSE:
             if HAS_DECAY:
                 b_s = b_s * tl.exp2(-c * d0.to(ACC))
-        p_ht = ht + i_n64 * sht_n + i_h64 * sht_h + o_k[:, None] * sht_k + o_v[None, :] * sht_v
+        p_ht = state_tile(ht, i_n64, sht_n, i_h64, sht_h, o_k, o_v, sht_k, sht_v)
         tl.store(p_ht, b_s.to(ht.dtype.element_ty), mask=m_kv)
