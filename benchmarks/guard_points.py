@@ -84,7 +84,8 @@ def _chunk_point(fn, host_calls: int) -> dict:
     from timed_calls import device_ms, host_ms
 
     fn()
-    value = device_ms(fn, warmup=10, rep=60)
+    # 250 ms of repetitions: a 5 ms call (K = 256 fwd+bwd) still gets ~50, where 60 ms left it ±6% between processes
+    value = device_ms(fn, warmup=10, rep=250)
     return {"value": value, "device": value, "host": host_ms(fn, calls=host_calls, loops=5, statistic=min)}
 
 

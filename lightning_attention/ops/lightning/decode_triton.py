@@ -41,9 +41,11 @@ def launch_config(num_programs_bh: int, head_k: int, head_v: int, num_sms: int) 
 
 
 @functools.lru_cache(maxsize=1024)
-def _launch(B: int, H: int, K: int, V: int, has_slope: bool, has_indices: bool, num_sms: int,
+def _launch(B: int, H: int, K: int, V: int, has_slope: bool, has_indices: bool, device_index: int,
             tiles: tuple[int, int, int] | None = None) -> tuple[tuple[int], dict]:  # fmt: skip
-    """(grid, constexprs) of a step: ``tiles`` (BK, BV, num_warps), or :func:`launch_config`'s for this shape."""
+    """(grid, constexprs) of a step on CUDA device ``device_index`` (-1: the interpreter): ``tiles`` (BK, BV,
+    num_warps), or :func:`launch_config`'s for this shape and the device's SM count."""
+    num_sms = (INTERPRETER if device_index < 0 else cuda_device_info(device_index)).sm_count
     block_k, block_v, num_warps = tiles or launch_config(B * H, K, V, num_sms)
     constexprs = dict(
         H=H, K=K, V=V, BK=block_k, BV=block_v, HAS_DECAY=has_slope, HAS_INDICES=has_indices, num_warps=num_warps
@@ -62,9 +64,9 @@ def launch_decode_step(q, k, v, state, slope, scale, state_indices, out, tiles=N
     ``scale`` and the pool's row count P; the constexprs follow from the shapes.
     """
     B, H, K = q.shape
-    index = q.get_device()  # -1: a CPU tensor (the interpreter)
-    sm_count = (INTERPRETER if index < 0 else cuda_device_info(index)).sm_count
-    grid, constexprs = _launch(B, H, K, v.shape[-1], slope is not None, state_indices is not None, sm_count, tiles)
+    # q.get_device(): -1 for a CPU tensor (the interpreter)
+    grid, constexprs = _launch(B, H, K, v.shape[-1], slope is not None, state_indices is not None, q.get_device(),
+                               tiles)  # fmt: skip
     args = (  # absent slope / state_indices: q, never read (library.pointers, spelled out: this is a hot path)
         q, k, v, state, q if slope is None else slope, q if state_indices is None else state_indices, out,
         *q.stride(), *k.stride(), *v.stride(), *state.stride(), *out.stride(),
@@ -113,8 +115,8 @@ def decode_step_triton(q, k, v, state, slope, scale, state_indices, out):
         state_indices = state_indices.contiguous()
     if out is None:
         out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], device=q.device, dtype=q.dtype)
-    if plain_eager():
-        decode_step_op.direct(q, k, v, state, slope, scale, state_indices, out)
+    if plain_eager():  # the launcher switches to q's device itself when it is not the current one
+        launch_decode_step(q, k, v, state, slope, scale, state_indices, out)
         torch.autograd.graph.increment_version(state)
         torch.autograd.graph.increment_version(out)
     else:

@@ -42,6 +42,7 @@ import triton
 from triton.runtime.jit import JITFunction
 
 from lightning_attention import settings
+from lightning_attention.ops.lightning.library import on_device_of
 
 
 def _hook_idle(hook) -> bool:
@@ -148,11 +149,13 @@ class Launcher:
         """Launches ``kernel[grid](*args, **constexprs)`` on ``x``'s device (it must be the current one).
 
         ``grid``: a tuple, or a function of the constexprs (it gets the autotuner's choice too, e.g.
-        ``meta["BV"]``). CPU tensors, the interpreter and set launch hooks go through Triton's normal launch.
+        ``meta["BV"]``). CPU tensors, the interpreter, set launch hooks and ``x`` on a device other than the current
+        one go through Triton's normal launch, on ``x``'s device (so a caller need not switch devices itself).
         """
         device = self.device_for(x)
         if device is None:
-            self.kernel[grid](*args, **constexprs)
+            with on_device_of(x):
+                self.kernel[grid](*args, **constexprs)
             return
         constants = tuple(constexprs.items())
         exact = self._exact_key(device, args, constants)
