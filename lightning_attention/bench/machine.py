@@ -1,8 +1,10 @@
 """The machine line that heads every benchmark output: GPU, driver, CUDA, torch, triton, baseline versions, date."""
 
 import datetime
+import hashlib
 import importlib.metadata
 import os
+import pathlib
 import platform
 import shutil
 import subprocess
@@ -70,6 +72,22 @@ def _git_revision() -> str | None:
     return rev + "+modified" if modified.returncode == 1 else rev
 
 
+def source_digest(root: str | os.PathLike | None = None) -> str:
+    """The first 16 hex digits of a sha256 over the Python sources of the package at ``root`` (default: the one
+    imported), each file's path and bytes in path order: which code ran, where the ``git`` field cannot say (a
+    working tree copied onto a GPU machine keeps older git metadata). For a commit's digest, run this on its
+    ``git archive <commit> lightning_attention`` unpacked."""
+    if root is None:
+        import lightning_attention
+
+        root = pathlib.Path(lightning_attention.__file__).parent
+    root = pathlib.Path(root)
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
 def machine_info(device: torch.device | str) -> dict:
     """Everything that decides what a timing means, as a JSON-ready dict."""
     device = torch.device(device)
@@ -92,6 +110,7 @@ def machine_info(device: torch.device | str) -> dict:
 
         info["lightning_attention"] = lightning_attention.__version__
     info["git"] = _git_revision()
+    info["source_sha256"] = source_digest()
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         info["gpu"] = props.name

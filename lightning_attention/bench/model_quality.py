@@ -170,7 +170,8 @@ def _run(args, device: torch.device, writer: ResultWriter, out: pathlib.Path) ->
         print(f"continuing: {len(records)} finished runs in {runs_dir}", flush=True)
     runs_dir.mkdir(parents=True, exist_ok=True)
     machine = {"machine_line": writer.doc["machine_line"], "gpu": writer.doc["machine"].get("gpu"),
-               "git": writer.doc["machine"].get("git"), "settings_key": key}
+               "git": writer.doc["machine"].get("git"),
+               "source_sha256": writer.doc["machine"].get("source_sha256"), "settings_key": key}
 
     def execute(specs: list[RunSpec]) -> list[str]:
         """Runs the specs not recorded yet; returns those left for a later call."""
