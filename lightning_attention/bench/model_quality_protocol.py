@@ -152,10 +152,9 @@ def _edge_extensions(protocol: Protocol, arch: str, records: dict[str, dict]) ->
     lowest (highest) of them, one more at half (twice) that rate, at most ``protocol.lr_extensions``."""
     rates, added = sorted(protocol.lrs), []
     for _ in range(protocol.lr_extensions):
-        finished = [records.get(_sweep_spec(protocol, arch, lr).id) for lr in rates]
-        if any(r is None for r in finished):
+        best = _best_rate([(lr, records.get(_sweep_spec(protocol, arch, lr).id)) for lr in rates])
+        if best is None:
             break
-        best = min((_final_bpb(r), lr) for r, lr in zip(finished, rates))[1]
         if best == rates[0]:
             rate = best / 2
         elif best == rates[-1]:
@@ -180,12 +179,18 @@ def best_learning_rates(protocol: Protocol, records: dict[str, dict]) -> dict[st
     best = {}
     sweep = sweep_runs(protocol, records)
     for arch in protocol.archs:
-        runs = [records.get(spec.id) for spec in sweep if spec.arch == arch]
-        if any(r is None for r in runs):
-            continue
-        scored = [(_final_bpb(r), r["spec"]["lr"]) for r in runs]
-        best[arch] = min(scored)[1]
+        rate = _best_rate([(spec.lr, records.get(spec.id)) for spec in sweep if spec.arch == arch])
+        if rate is not None:
+            best[arch] = rate
     return best
+
+
+def _best_rate(runs: list[tuple[float, dict | None]]) -> float | None:
+    """The rate of the lowest final validation bits per byte among ``(lr, record)`` pairs (the lower rate on a
+    tie), or None while any record is missing (None): the one rule of both the edge extensions and the choice."""
+    if any(record is None for _, record in runs):
+        return None
+    return min((_final_bpb(record), lr) for lr, record in runs)[1]
 
 
 def _final_bpb(record: dict) -> float:
