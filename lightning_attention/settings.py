@@ -1,11 +1,14 @@
 """Every ``LIGHTNING_ATTENTION_*`` setting, read from the environment once, at import.
 
-Users set two of them (the README lists them):
+Users set three of them (the README lists them):
 
 ``LIGHTNING_ATTENTION_BACKEND`` — ``auto`` (Triton kernels on CUDA tensors, the PyTorch path on CPU tensors),
 ``triton`` (the kernels everywhere; on CPU tensors under Triton's interpreter, ``TRITON_INTERPRET=1`` set before
 import) or ``torch``.
 ``LIGHTNING_ATTENTION_DEBUG`` — ``1`` also runs, on CUDA tensors, the value checks that need a device->host copy.
+``LIGHTNING_ATTENTION_PRECISION`` — ``input`` (default: the kernels' fp32 intermediates meet the tensor cores rounded
+to the input dtype, as FLA's do) or ``split`` (carried as two halves: bf16 / fp16 results at the rounding floor of
+the output dtype, at some cost in speed; docs/design.md, "Precision").
 
 The others are tuning knobs for maintainers (CONTRIBUTING.md, "Tuning knobs"): pinned kernel configurations, forced
 segment lengths, the kernel variants to take or avoid. Code never reads the environment itself: it asks
@@ -23,6 +26,7 @@ from collections.abc import Iterator, Mapping
 PREFIX = "LIGHTNING_ATTENTION_"
 BACKENDS = ("auto", "triton", "torch")
 BF16_INTER_MODES = ("input", "tf32")
+PRECISIONS = ("input", "split")
 # variables that no longer do anything: a user who still sets one is told once
 REMOVED = {
     "LIGHTNING_ATTENTION_REPLAY": "launches are planned once per shape and repeated from the cached plan; CUDA "
@@ -62,6 +66,7 @@ class Settings:
     User settings:
         backend: ``"auto"`` | ``"triton"`` | ``"torch"``.
         debug: value checks that need a device->host copy run on CUDA tensors too.
+        precision: ``"input"`` | ``"split"``: how the chunk walks' fp32 operands meet the tensor cores (16-bit inputs).
     Tuning knobs (``CONTRIBUTING.md``):
         kernel_config: a :class:`KernelPin` for every chunk walk instead of autotuning, or None.
         segment_len: tokens per segment of the long-sequence path (0: never segment), or None: the plan's choice.
@@ -75,6 +80,7 @@ class Settings:
 
     backend: str = "auto"
     debug: bool = False
+    precision: str = "input"
     kernel_config: KernelPin | None = None
     segment_len: int | None = None
     prepass_len: int | None = None
@@ -87,6 +93,8 @@ class Settings:
     def __post_init__(self):
         if self.backend not in BACKENDS:
             raise ValueError(f"{PREFIX}BACKEND must be one of {BACKENDS}, got {self.backend!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"{PREFIX}PRECISION must be one of {PRECISIONS}, got {self.precision!r}")
         if self.bf16_inter not in BF16_INTER_MODES:
             raise ValueError(f"{PREFIX}BF16_INTER must be one of {BF16_INTER_MODES}, got {self.bf16_inter!r}")
         if self.segment_len is not None and (self.segment_len < 0 or self.segment_len % 16):
@@ -132,8 +140,9 @@ def from_environment(environ: Mapping[str, str] = os.environ) -> Settings:
     for name, field in (("DKDV", "fused_dkdv"), ("GLUON", "gluon"), ("TMA", "tma"), ("DIRECT_LAUNCH", "direct_launch")):
         if (text := get(name)) is not None:
             values[field] = _flag(PREFIX + name, text)
-    if (text := get("BF16_INTER")) is not None:
-        values["bf16_inter"] = text.strip().lower()
+    for name, field in (("BF16_INTER", "bf16_inter"), ("PRECISION", "precision")):
+        if (text := get(name)) is not None:
+            values[field] = text.strip().lower()
     return Settings(**values)
 
 

@@ -123,8 +123,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             p.add_argument(
                 "--ours",
                 type=_choices(OURS),
-                default=list(OURS),
-                help=f"our variants: {','.join(OURS)} (Triton chunk / recompute backward, PyTorch path)",
+                default=[o for o in OURS if o != "split"],
+                help=f"our variants: {','.join(OURS)} (Triton chunk / recompute backward, the chunk backward under "
+                "the split precision, PyTorch path; default: all but split)",
             )
             p.add_argument("--tokens", type=int, default=65536, help="token budget per call of grid (a)")
             p.add_argument(

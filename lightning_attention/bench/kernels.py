@@ -188,6 +188,21 @@ def measure_accuracy(provider: Provider, shape: Shape, device: torch.device, see
     return record
 
 
+def rounding_floor(shape: Shape, device: torch.device, seed: int) -> dict:
+    """The accuracy record of the float64 result rounded to the inputs' dtype (provider ``rounding-floor``): the
+    smallest error a kernel that returns that dtype can have (docs/design.md, "Precision")."""
+    record = {"provider": "rounding-floor", **shape.to_json()}
+    inputs = OP.make_inputs(shape, device, seed)
+    o_ref, grads_ref = OP.reference(inputs)
+    for name, exact in zip(("o", "dq", "dk", "dv"), [o_ref, *grads_ref]):
+        record[f"err_{name}"] = relative_error(exact.to(shape.dtype), exact)
+    record["err_max"] = max(record[f"err_{n}"] for n in ("o", "dq", "dk", "dv"))
+    record["status"] = "ok"
+    del inputs
+    release(device)
+    return record
+
+
 def compute_speedups(results: list[dict]) -> list[dict]:
     """baseline time / ours time for every (ours provider, other provider, grid, shape) measured in this run.
 
@@ -330,6 +345,7 @@ def run(args, device: torch.device, writer: ResultWriter, out: pathlib.Path) -> 
         shape = providers.accuracy_shape(dim, args.quick)
         for provider in progress(chosen, desc=f"accuracy K=V={dim}", unit="provider"):
             writer.add("accuracy", measure_accuracy(provider, shape, device, args.seed))
+        writer.add("accuracy", rounding_floor(shape, device, args.seed))
 
     results = writer.doc.get("results", [])
     writer.set("speedups", compute_speedups(results))

@@ -18,6 +18,7 @@ from matplotlib import ticker  # noqa: E402
 _STYLE = {  # stable colours per provider across figures
     "ours-chunk": ("tab:red", "o"),
     "ours-recompute": ("tab:orange", "s"),
+    "ours-split": ("tab:pink", "P"),
     "torch": ("tab:brown", "v"),
     "fla": ("tab:blue", "^"),
     "official": ("tab:green", "D"),

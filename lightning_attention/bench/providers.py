@@ -5,6 +5,7 @@ Providers (all computing the op of docs/design.md, "Semantics", with scale 1 and
 ==================  =========================================================================================
 ``ours-chunk``      ``lightning_attention.lightning_attn(..., backward="chunk")``, Triton kernels (CUDA only)
 ``ours-recompute``  the same with ``backward="recompute"`` (the SRAM-bounded backward, when it has landed)
+``ours-split``      ``ours-chunk`` under the ``precision="split"`` setting (docs/design.md, "Precision")
 ``torch``           our PyTorch chunked path (``LIGHTNING_ATTENTION_BACKEND=torch``), the CPU training path
 ``fla``             FLA ``fla.ops.simple_gla.chunk_simple_gla(q, k, v, g_gamma=-slope, scale=1.0)``, ``[B, T, H, K]``
 ``official``        ``lightning_attn.ops.lightning_attn_func(q, k, v, s)``, ``[b, h, n, d]``, ``s = slope [h, 1, 1]``
@@ -108,14 +109,24 @@ def _ours_available(device: torch.device) -> str | None:
     )
 
 
-def _prepare_ours(backward: str):
+def _prepare_ours(backward: str, precision: str | None = None):
+    """``precision``: a ``precision`` setting to call under (the override costs microseconds of host time per call:
+    the default provider calls without one)."""
+
     def prepare(inputs: dict) -> Prepared:
         from lightning_attention import lightning_attn
 
         q, k, v = _leaves(inputs)
         slope = inputs["slope"]
+
+        def forward():
+            if precision is None:
+                return lightning_attn(q, k, v, slope, backward=backward)[0]
+            with settings.override(precision=precision):
+                return lightning_attn(q, k, v, slope, backward=backward)[0]
+
         return Prepared(
-            forward=lambda: lightning_attn(q, k, v, slope, backward=backward)[0],
+            forward=forward,
             grad_output=inputs["do"],
             leaves=[q, k, v],
             to_library_layout=_same_layout,
@@ -219,6 +230,14 @@ for _provider in (
         cold_start=True,
     ),
     Provider(
+        "ours-split",
+        "ours (split precision)",
+        "ours",
+        _prepare_ours("chunk", precision="split"),
+        _ours_available,
+        cold_start=True,
+    ),
+    Provider(
         "torch",
         "ours (PyTorch path)",
         "reference",
@@ -241,8 +260,8 @@ for _provider in (
 ):
     LIGHTNING_ATTN.register_provider(_provider)
 
-OURS = ("chunk", "recompute", "torch")  # --ours choices -> provider names below
-OURS_PROVIDER = {"chunk": "ours-chunk", "recompute": "ours-recompute", "torch": "torch"}
+OURS = ("chunk", "recompute", "split", "torch")  # --ours choices -> provider names below
+OURS_PROVIDER = {"chunk": "ours-chunk", "recompute": "ours-recompute", "split": "ours-split", "torch": "torch"}
 BASELINES = ("fla", "official", "sdpa")
 
 

@@ -23,12 +23,14 @@ from lightning_attention.bench.kernels import compute_speedups
 PROVIDERS = {
     "ours-chunk": "ours (chunk)",
     "ours-recompute": "ours (recompute)",
+    "ours-split": "ours (split precision)",
+    "rounding-floor": "float64 rounded",
     "fla": "FLA",
     "official": "official",
     "sdpa": "SDPA",
     "torch": "torch path",
 }
-TRITON_OURS = ("ours-chunk", "ours-recompute")
+TRITON_OURS = ("ours-chunk", "ours-recompute", "ours-split")
 FLAT_RANGE = (32768, 1048576)  # grid (b)'s "constant speed" span
 # grid (b) tokens/s: plain calls, and CUDA-graph replays (``bench kernels --cuda-graphs``)
 PLAIN, GRAPH = "tokens_per_s_fwdbwd", "tokens_per_s_fwdbwd_graph"

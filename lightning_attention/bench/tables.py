@@ -159,20 +159,28 @@ def grid_b_table(kern: Kernels, grid: str) -> list[str]:
 def accuracy_section(kern: Kernels) -> list[str]:
     if not kern.accuracy:
         return []
-    fla = {(a["doc"], a["k_dim"]): a.get("err_max") for a in kern.accuracy if a["provider"] == "fla"}
+
+    def by_doc_dim(provider):
+        return {(a["doc"], a["k_dim"]): a.get("err_max") for a in kern.accuracy if a["provider"] == provider}
+
+    fla, floor = by_doc_dim("fla"), by_doc_dim("rounding-floor")
+
+    def ratio(a, refs):
+        ref = refs.get((a["doc"], a["k_dim"]))
+        return times(a["err_max"] / ref) if a.get("err_max") is not None and ref else "-"
+
     rows, by_dim = [], {}
     for a in kern.accuracy:
-        ref = fla.get((a["doc"], a["k_dim"]))
-        ratio = a["err_max"] / ref if a.get("err_max") is not None and ref else None
         status = a.get("status", "?")
         rows.append([PROVIDERS.get(a["provider"], a["provider"]), str(a["k_dim"]),
                      *(sci(a.get(f"err_{n}")) for n in ("o", "dq", "dk", "dv", "max")),
-                     times(ratio) if a["provider"] != "fla" else "-", status])
+                     ratio(a, fla) if a["provider"] != "fla" else "-", ratio(a, floor), status])  # fmt: skip
         if status == "ok":
             by_dim.setdefault(a["k_dim"], []).append(f"{PROVIDERS.get(a['provider'], a['provider'])} "
                                                     f"{sci(a['err_max'])}")
-    out = ["Accuracy (relative L2 vs float64 from the same rounded inputs):", "",
-           md_table(["provider", "K = V", "o", "dq", "dk", "dv", "max", "÷ FLA", "status"], rows), ""]
+    out = ["Accuracy (relative L2 vs float64 from the same rounded inputs; the float64 result rounded to the inputs' "
+           "dtype is the floor):", "",
+           md_table(["provider", "K = V", "o", "dq", "dk", "dv", "max", "÷ FLA", "÷ floor", "status"], rows), ""]
     for dim, parts in sorted(by_dim.items()):
         out.append(f"Accuracy (relative L2 vs float64, max over o, dq, dk, dv), K = V = {dim}: {' ; '.join(parts)}.")
     return out

@@ -37,10 +37,16 @@ from lightning_attention.ops.lightning.kernels.walk import lightning_scan_kernel
 from lightning_attention.ops.lightning.plan import TMA_MIN_CAPABILITY
 
 ELEM_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-INTER_PREC = {"bf16": "input", "fp16": "tf32", "fp32": "ieee"}  # as plan.precisions picks them
+INTER_PREC = {"bf16": "input", "fp16": "tf32", "fp32": "ieee"}  # as plan.precisions picks them by default
 _IO_POINTERS = {"q", "k", "v", "o", "do", "dk", "dv"}
 _STATE_POINTERS = {"slope", "h0", "ht", "states", "pieces", "dht", "dh0"}
 _INT_POINTERS = {"cu_seqlens", "seg_table", "seq_segs"}
+
+
+def inter_prec(dtype: str, flags: dict) -> str:
+    """INTER_PREC as ``plan.precisions`` picks it: with the split precision (flag SPLIT_OPERANDS) bf16 splits the
+    state too."""
+    return "split" if flags.get("SPLIT_OPERANDS") and dtype == "bf16" else INTER_PREC[dtype]
 
 
 def signature(fn, dtype: str) -> dict:
@@ -90,7 +96,7 @@ def dispatcher_configs(cc: int, dtype: str, DK: int, DV: int, flags: dict):
         return [inter_only_config(flags["BT"], DK, DV)]
     return list(walk_candidates(
         DK, DV, ELEM_BYTES[dtype], SHARED_LIMITS[cc], state_only=flags.get("STATE_ONLY", False),
-        tma=cc >= TMA_MIN_CAPABILITY, state_bytes=state_operand_bytes(INTER_PREC[dtype]),
+        tma=cc >= TMA_MIN_CAPABILITY, state_bytes=state_operand_bytes(inter_prec(dtype, flags)),
     ))  # fmt: skip
 
 
@@ -108,8 +114,8 @@ def _compile(kind: str, fn, cc: int, dtype: str, DK: int, DV: int, BT: int, BV: 
     }  # fmt: skip
 
 
-def _precision_constexprs(dtype: str) -> dict:
-    return dict(ACC=tl.float32, DOT_PREC="ieee" if dtype == "fp32" else None, INTER_PREC=INTER_PREC[dtype])
+def _precision_constexprs(dtype: str, flags: dict) -> dict:
+    return dict(ACC=tl.float32, DOT_PREC="ieee" if dtype == "fp32" else None, INTER_PREC=inter_prec(dtype, flags))
 
 
 def build_walk(cc: int, dtype: str, DK: int, DV: int, cfg, flags: dict) -> dict:
@@ -118,13 +124,14 @@ def build_walk(cc: int, dtype: str, DK: int, DV: int, cfg, flags: dict) -> dict:
     constexprs = dict(
         DK=DK, DV=DV, BT=BT, BK=BK, BV=BV,
         VARLEN=0, REVERSE=False, HAS_DECAY=True, USE_H0=True, STORE_HT=True, SEG_IN=False, STATE_ONLY=False,
-        SKIP_FINAL=False, INTER_ONLY=False, INTER_APART=cfg.kwargs["INTER_APART"], **_precision_constexprs(dtype),
+        SKIP_FINAL=False, INTER_ONLY=False, INTER_APART=cfg.kwargs["INTER_APART"], SPLIT_OPERANDS=False,
+        **_precision_constexprs(dtype, flags),
     )  # fmt: skip
     inter_only = bool(flags.get("INTER_ONLY", False))
     # as a launch there (launches.walk_launch): tensor descriptors on sm_90+ for whole chunks, never in the inter-only
     # mode
     tma = constexprs["USE_TMA"] = cc >= TMA_MIN_CAPABILITY and not inter_only
-    state_bytes = state_operand_bytes(INTER_PREC[dtype])
+    state_bytes = state_operand_bytes(inter_prec(dtype, flags))
     estimate = estimate_shared_bytes(BT, BK, BV, cfg.num_stages, ELEM_BYTES[dtype], inter_only, tma, state_bytes)
     fn = walk_kernel
     result = _compile("walk", fn, cc, dtype, DK, DV, BT, BV, cfg, constexprs, flags, estimate)
@@ -136,7 +143,7 @@ def build_dkdv(cc: int, dtype: str, DK: int, DV: int, cfg, flags: dict) -> dict:
     BT, BK, BV = cfg.kwargs["BT"], padded_dim(DK), padded_dim(DV)
     constexprs = dict(
         DK=DK, DV=DV, BT=BT, BK=BK, BV=BV, VARLEN=0, HAS_DECAY=True, USE_H0=True, STORE_HT=True, SEG_IN=False,
-        INTER_ONLY=False, **_precision_constexprs(dtype),
+        INTER_ONLY=False, **_precision_constexprs(dtype, flags),
     )  # fmt: skip
     state_bytes = state_operand_bytes(INTER_PREC[dtype])
     estimate = estimate_dkdv_shared_bytes(BT, BK, BV, cfg.num_stages, ELEM_BYTES[dtype], state_bytes)

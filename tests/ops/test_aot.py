@@ -6,7 +6,8 @@ what ``kernels.configs.walk_candidates`` lets the plan pick on each architecture
 (``metadata.shared``, the compiler's number) must be within the architecture's per-block limit and within the
 estimate the dispatcher filtered with.
 
-bf16 builds (bf16 inter product) and fp16 builds (tf32 inter product) differ in the inter-chunk product only. An fp32 build (ieee dots lower to FMA loops) takes 10-200 s on
+bf16 builds (bf16 inter product) and fp16 builds (tf32 inter product) differ in the inter-chunk product only; the
+split precision's builds carry more live tiles (docs/design.md, "Precision"). An fp32 build (ieee dots lower to FMA loops) takes 10-200 s on
 one CI core, so CI builds one fp32 configuration; ``-m slow`` builds them all.
 """
 
@@ -25,6 +26,8 @@ ARCHS = (80, 90, 120)
 FULL_FORWARD = {}  # default flags: forward walk with h0 and final state (the largest live set)
 REVERSE_SEGMENTED = {"REVERSE": True, "SEG_IN": True, "USE_H0": False, "STORE_HT": False}
 PRE_PASS_VARLEN = {"STATE_ONLY": True, "USE_H0": False, "STORE_HT": False, "VARLEN": 2}
+# the split precision: scores, state and decayed values as two halves (more live tiles than the default)
+SPLIT_FORWARD = {"SPLIT_OPERANDS": True}
 # hybrid attention's default: chunks of 256 tokens, inter-only reverse walk, the values (V = 128) and the narrow
 # normaliser call (V = 16) in both orientations
 INTER_ONLY_256 = {"INTER_ONLY": True, "BT": 256, "REVERSE": True}
@@ -79,6 +82,9 @@ def ci_builds():
     jobs += [{"cc": cc, "dtype": "bf16", "DK": 128, "DV": 128, "flags": REVERSE_SEGMENTED, "which": "first"} for cc in ARCHS]
     jobs += [{"cc": cc, "dtype": "fp16", "DK": 64, "DV": 64, "flags": PRE_PASS_VARLEN, "which": "first"} for cc in ARCHS]
     jobs += [{"cc": 90, "dtype": "fp32", "DK": 48, "DV": 40, "flags": {"VARLEN": 1}, "which": "last"}]
+    jobs += [{"cc": cc, "dtype": "bf16", "DK": 128, "DV": 128, "flags": SPLIT_FORWARD} for cc in ARCHS]
+    jobs += [{"cc": cc, "dtype": dt, "DK": d, "DV": d, "flags": SPLIT_FORWARD, "which": "first"}
+             for cc in ARCHS for dt, d in (("bf16", 256), ("fp16", 128))]  # fmt: skip
     jobs += [{"kernel": "scan", "cc": cc} for cc in ARCHS]
     jobs += [{"kernel": "dkdv", "cc": cc, "dtype": dt, "DK": 128, "DV": 128} for cc in ARCHS for dt in ("bf16", "fp16")]
     jobs += [{"cc": cc, "dtype": "bf16", "DK": dk, "DV": dv, "flags": INTER_ONLY_256}
@@ -113,6 +119,15 @@ def test_two_warpgroup_walk_only_on_the_triton_versions_it_was_checked_with():
 def test_half_precision_configs_fit(ci_builds, cc, dtype, d):
     check([r for r in ci_builds if r["kernel"] == "walk" and r["cc"] == cc and r["dtype"] == dtype
            and r["DK"] == d and not r["flags"]])  # fmt: skip
+
+
+@pytest.mark.parametrize("cc", ARCHS)
+def test_split_precision_configs_fit(ci_builds, cc):
+    """The split precision's walks (bf16 with the state split too, fp16 with it in tf32) within the limit and the
+    estimate the plan filtered with (its state operand counted at 4 bytes, as the tf32 product's)."""
+    builds = [r for r in ci_builds if r["kernel"] == "walk" and r["cc"] == cc and r["flags"] == SPLIT_FORWARD]
+    assert {(r["dtype"], r["DK"]) for r in builds} == {("bf16", 128), ("bf16", 256), ("fp16", 128)}
+    check(builds)
 
 
 def test_occupancy_estimate_covers_the_compiled_forward_walks(ci_builds):

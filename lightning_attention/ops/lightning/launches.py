@@ -114,7 +114,7 @@ def walk_launch(
                 scale_intra=scale_intra, scale_inter=scale_inter, scale_upd=scale_upd, reverse=reverse,
             )  # fmt: skip
         return
-    dot_prec, inter_prec = precisions(q.dtype, p.settings.bf16_inter)
+    dot_prec, inter_prec, split = precisions(q.dtype, p.settings)
     cu = _cu_seqlens(b, p) if plan.varlen == 1 else None
     table = None if plan.seg_table is None else _segment_table(b, plan)
     args = (
@@ -140,6 +140,7 @@ def walk_launch(
         ACC=acc_dtype(q.dtype),
         DOT_PREC=dot_prec,
         INTER_PREC=inter_prec,
+        SPLIT_OPERANDS=split,
     )  # fmt: skip
     per_tile = H * plan.total
     if inter_chunk and not state_only:  # the inter-only walk: one configuration (the pre-pass does not chunk)
@@ -198,7 +199,7 @@ def dkdv_launch(b, p, q, k, v, do, dk, dv, *, slope, dht, dh0, g_states, plan, T
     """One launch of the fused dk/dv reverse walk (kernels/dkdv_walk.py). q, k: [B, T, H, DK]; v, do: [B, T, H, DV];
     dk, dv: outputs like k, v; dht/dh0: [N, H, DK, DV] or None; g_states: [NSEG, H, DK, DV] incoming G or None."""
     DK, DV = q.shape[-1], v.shape[-1]
-    dot_prec, inter_prec = precisions(q.dtype, p.settings.bf16_inter)
+    dot_prec, inter_prec, _ = precisions(q.dtype, p.settings)  # never "split": use_fused_dkdv
     fixed_bt = inter_only_tile(inter_chunk) if inter_chunk else 0
     cu = _cu_seqlens(b, p) if plan.varlen == 1 else None
     table = None if plan.seg_table is None else _segment_table(b, plan)

@@ -127,20 +127,25 @@ def acc_dtype(dtype: torch.dtype):
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 
-def precisions(dtype: torch.dtype, bf16_inter: str) -> tuple[str | None, str]:
-    """(DOT_PREC, INTER_PREC): exact products for fp32/fp64 inputs; for fp16 the inter product (λq)·S in tf32 on fp32
-    operands (the state is never rounded to fp16: its values outgrow fp16); for bf16 the ``bf16_inter`` setting:
-    ``input`` (operands rounded to bf16 for the tensor-core product, as FLA does; 1.25× faster on an H100) or
-    ``tf32`` (fp32 operands)."""
+def precisions(dtype: torch.dtype, settings: Settings) -> tuple[str | None, str, bool]:
+    """(DOT_PREC, INTER_PREC, SPLIT_OPERANDS) of the walk: exact products for fp32/fp64 inputs. For 16-bit inputs the
+    fp32 operands (the state, the intra-chunk scores, the decayed values) meet the tensor cores rounded to the input
+    dtype, except: for fp16 the inter product (λq)·S is always tf32 on fp32 operands (the state is never rounded to
+    fp16: its values outgrow fp16); for bf16 the ``bf16_inter`` setting ``tf32`` does the same. The ``precision``
+    setting ``split`` carries every fp32 operand as two halves in the input dtype (``kernels/walk.split_halves``:
+    results at the rounding floor of the output, docs/kernels.md, "Split operands"); for fp16 the state stays tf32."""
     if dtype in (torch.float32, torch.float64):
-        return "ieee", "ieee"
+        return "ieee", "ieee", False
+    split = settings.precision == "split"
     if dtype == torch.bfloat16:
-        return None, "tf32" if bf16_inter == "tf32" else "input"
-    return None, "tf32"
+        if split:
+            return None, "split", True
+        return None, "tf32" if settings.bf16_inter == "tf32" else "input", False
+    return None, "tf32", split
 
 
 def inter_precision(problem: ChunkProblem) -> str:
-    return precisions(problem.dtype, problem.settings.bf16_inter)[1]
+    return precisions(problem.dtype, problem.settings)[1]
 
 
 def pin(problem: ChunkProblem) -> tuple[int, int, int, int] | None:
@@ -413,7 +418,7 @@ def use_fused_dkdv(problem: ChunkProblem, DK: int, DV: int) -> bool:
     """Whether dk and dv come from the fused walk (kernels/dkdv_walk.py) rather than two reverse walks: only with the
     ``fused_dkdv`` setting (two walks are faster on the GPUs measured: docs/kernels.md, "The fused dk/dv walk"), and
     only where its tiles cover the padded head dims (<= 128) and fit the shared memory."""
-    if not problem.settings.fused_dkdv:
+    if not problem.settings.fused_dkdv or problem.settings.precision == "split":  # split products: the walks only
         return False
     state_bytes = state_operand_bytes(inter_precision(problem))
     return use_dkdv_walk(DK, DV, problem.q.element_size(), state_bytes, problem.device.shared_per_block)

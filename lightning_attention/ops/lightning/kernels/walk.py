@@ -158,15 +158,39 @@ def weighted_rows(b_x, w, ACC: tl.constexpr):
 
 
 @triton.jit
+def split_halves(x, DT: tl.constexpr):
+    """An fp32 tile as two dot operands of dtype DT, hi = DT(x) and lo = DT(x - hi): hi + lo carries twice DT's
+    significand bits, so a product with an exact DT operand (the inputs) loses no more than fp32 operands would
+    (docs/kernels.md, "Split operands")."""
+    hi = x.to(DT)
+    return hi, (x - hi.to(x.dtype)).to(DT)
+
+
+@triton.jit
+def split_dot(a, b, acc, ACC: tl.constexpr):
+    """acc + a · b for an fp32 ``a`` and a ``b`` in the input dtype, ``a`` as :func:`split_halves`."""
+    a_hi, a_lo = split_halves(a, b.dtype)
+    return tl.dot(a_lo, b, tl.dot(a_hi, b, acc, out_dtype=ACC), out_dtype=ACC)
+
+
+@triton.jit
 def inter_product(b_q, b_s, ACC: tl.constexpr, INTER_PREC: tl.constexpr, TRANS_S: tl.constexpr = False):
     """q · S [BT, BV] (q · Sᵀ with TRANS_S) against the carried fp32 state: S rounded to q's dtype for INTER_PREC
-    "input" (bf16 inputs: 8 exponent bits), else fp32 operands at INTER_PREC. The transpose is taken here, after
-    q's conversion, so the instructions are issued in the order of the kernels that spell the product out."""
+    "input" (bf16 inputs: 8 exponent bits), S as two halves in q's dtype for "split" (:func:`split_halves`), else
+    fp32 operands at INTER_PREC. The transpose is taken here, after q's conversion, so the instructions are issued in
+    the order of the kernels that spell the product out."""
     if INTER_PREC == "input":
         if TRANS_S:
             return tl.dot(b_q, tl.trans(b_s).to(b_q.dtype), out_dtype=ACC)
         else:
             return tl.dot(b_q, b_s.to(b_q.dtype), out_dtype=ACC)
+    elif INTER_PREC == "split":
+        s_hi, s_lo = split_halves(b_s, b_q.dtype)
+        if TRANS_S:
+            b_o = tl.dot(b_q, tl.trans(s_hi), out_dtype=ACC)
+            return tl.dot(b_q, tl.trans(s_lo), b_o, out_dtype=ACC)
+        else:
+            return tl.dot(b_q, s_lo, tl.dot(b_q, s_hi, out_dtype=ACC), out_dtype=ACC)
     else:
         b_qa = b_q.to(ACC)
         if TRANS_S:
@@ -177,12 +201,19 @@ def inter_product(b_q, b_s, ACC: tl.constexpr, INTER_PREC: tl.constexpr, TRANS_S
 
 @triton.jit
 def intra_product(b_o, b_q, b_k, b_v, p, c, scale, HAS_DECAY: tl.constexpr, APART: tl.constexpr, ACC: tl.constexpr,
-                  DOT_PREC: tl.constexpr):  # fmt: skip
+                  DOT_PREC: tl.constexpr, SPLIT: tl.constexpr = False):  # fmt: skip
     """b_o + scale · [(Q Kᵀ) ⊙ D] V [BT, BV], D from walk positions p (:func:`decayed_scores`). APART scales the
     product and adds it after the dot (``b_o + tl.dot(...)`` alone is folded back into the accumulator form), else
-    the scores are scaled and b_o is the dot's accumulator."""
+    the scores are scaled and b_o is the dot's accumulator. SPLIT: the fp32 scores enter the product as two halves
+    (:func:`split_halves`) instead of rounded to v's dtype."""
     b_a = tl.dot(b_q, tl.trans(b_k), out_dtype=ACC, input_precision=DOT_PREC)  # [BT, BT]
-    if APART:
+    if SPLIT:
+        if APART:
+            b_a = decayed_scores(b_a, p, c, 1.0, HAS_DECAY, ACC)
+            return b_o + scale * split_dot(b_a, b_v, tl.zeros(b_o.shape, dtype=ACC), ACC)
+        else:
+            return split_dot(decayed_scores(b_a, p, c, scale, HAS_DECAY, ACC), b_v, b_o, ACC)
+    elif APART:
         b_a = decayed_scores(b_a, p, c, 1.0, HAS_DECAY, ACC).to(b_v.dtype)
         return b_o + scale * tl.dot(b_a, b_v, out_dtype=ACC, input_precision=DOT_PREC)
     else:
@@ -232,7 +263,9 @@ def _walk_kernel(
     USE_TMA: tl.constexpr,  # tiles moved by tensor descriptors (sm_90 TMA); the host checks alignment, C == BT
     ACC: tl.constexpr,  # tl.float32 (tl.float64 for fp64 inputs under the interpreter)
     DOT_PREC: tl.constexpr,  # "ieee" for fp32/fp64 operands, else the tensor-core default
-    INTER_PREC: tl.constexpr,  # (q·λ)·S: "ieee" (fp32 inputs), "tf32" (fp32 operands), "input" (bf16 operands)
+    INTER_PREC: tl.constexpr,  # (q·λ)·S: "ieee" (fp32 inputs), "tf32" (fp32 operands), "input" (bf16 operands),
+    # "split" (S as two bf16 halves)
+    SPLIT_OPERANDS: tl.constexpr,  # the fp32 scores and decayed values enter their products as two halves
 ):
     # grid: one program per (V tile, head, segment), V tile fastest so the programs that share a (segment, head)
     # run side by side and read its q/k tiles through L2 once
@@ -325,7 +358,10 @@ def _walk_kernel(
                 b_o = b_o * scale_inter
             if not INTER_ONLY:
                 # intra: [(Q Kᵀ) ⊙ D] V, D_ij = λ^(r_i - r_j) for r_i >= r_j
-                b_o = intra_product(b_o, b_q, b_k, b_v, p_walk, c, scale_intra, HAS_DECAY, INTER_APART, ACC, DOT_PREC)
+                b_o = intra_product(
+                    b_o, b_q, b_k, b_v, p_walk, c, scale_intra, HAS_DECAY, INTER_APART, ACC, DOT_PREC,
+                    SPLIT_OPERANDS,
+                )
             if USE_TMA:
                 d_o.store([lo, i_v * BV], b_o.to(o.dtype.element_ty))
             else:
@@ -337,7 +373,11 @@ def _walk_kernel(
 
         # state update: S = λ^(L-1+d0) S + scale_upd · Kᵀ (λ^(L-1-r) V), operands in the input dtype (the row factor
         # on the [BT, BV] v tile, the smaller operand)
-        if HAS_DECAY:
+        if HAS_DECAY and SPLIT_OPERANDS:  # the decayed values as two halves (v itself is exact in its dtype)
+            vd_hi, vd_lo = split_halves(b_v.to(ACC) * k_dec[:, None], b_v.dtype)
+            b_upd = tl.dot(tl.trans(b_k), vd_hi, out_dtype=ACC)
+            b_s = b_s * blk_dec + scale_upd * tl.dot(tl.trans(b_k), vd_lo, b_upd, out_dtype=ACC)
+        elif HAS_DECAY:
             b_vd = weighted_rows(b_v, k_dec, ACC)
             b_s = b_s * blk_dec + scale_upd * tl.dot(tl.trans(b_k), b_vd, out_dtype=ACC, input_precision=DOT_PREC)
         else:
@@ -362,6 +402,7 @@ AUTOTUNE_CACHE = {"cache_results": True} if "cache_results" in inspect.signature
 # may want different stages), so the two are tuned apart; the rest of the shape (T, batch) is left out of the key
 _AUTOTUNE_KEY = [
     "DK", "DV", "VARLEN", "REVERSE", "HAS_DECAY", "STATE_ONLY", "SEG_IN", "USE_H0", "INTER_ONLY", "USE_TMA", "WAVES",
+    "SPLIT_OPERANDS",
 ]  # fmt: skip
 
 # the plain kernel: launched with one configuration passed explicitly (a pin, float32, the inter-only mode)

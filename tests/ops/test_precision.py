@@ -1,0 +1,78 @@
+"""The ``precision`` setting (docs/design.md, "Precision"): with ``split`` the chunk walks carry their fp32 operands
+(intra-chunk scores, state, decayed values) as two halves in the input dtype, and 16-bit results reach the rounding
+floor, the float64 result rounded to the output dtype; with ``input`` (the default) they round them once.
+
+Runs on CPU under the interpreter and on a GPU, where the compiled kernels of both precisions are checked the same
+way (``pytest -m gpu`` runs these tests too).
+"""
+
+import pytest
+import torch
+
+import lightning_attention as la
+from lightning_attention import settings
+from lightning_attention.ops.lightning import naive
+from lightning_attention.utils.testing import relative_error
+from tests.ops.test_chunk import CASES, check_case
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+HALF_CASES = [c for c in CASES if c.dtype in (torch.float16, torch.bfloat16)]
+
+
+@pytest.mark.parametrize("case", HALF_CASES, ids=lambda c: c.id)
+def test_split_precision_matches_float64(case, triton_backend):
+    """Every 16-bit case of the chunk tests (segments, pre-pass pieces, strided inputs, no decay) under the split
+    precision: forward, final state and every gradient against float64."""
+    triton_backend(precision="split")
+    check_case(case, triton_backend)
+
+
+def _errors_over_floor(dtype, K, precision, configure, seg=None):
+    """max over (o, dq, dk, dv) of relative L2 error ÷ that of the float64 result rounded to ``dtype``."""
+    configure(precision=precision, segment_len=seg)
+    g = torch.Generator().manual_seed(0)
+    B, T, H = 1, 200, 2
+    q, k, v = (
+        (torch.randn(B, T, H, K, generator=g) * K**-0.25).to(DEVICE, dtype).requires_grad_() for _ in range(3)
+    )
+    do = torch.randn(B, T, H, K, generator=g).to(DEVICE, dtype)
+    slope = torch.tensor([0.02, 0.3], device=DEVICE)  # weak and strong decay: the state and the scores both matter
+    o, _ = la.lightning_attn(q, k, v, slope)
+    got = (o, *torch.autograd.grad(o, (q, k, v), do))
+    x64 = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    o64, _ = naive.quadratic_lightning_attn(*x64, slope)
+    ref = (o64, *torch.autograd.grad(o64, x64, do.double()))
+    return max(relative_error(a, b) / relative_error(b.to(dtype), b) for a, b in zip(got, ref))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("K, seg", [(64, None), (32, 64)], ids=["K64", "K32-segments"])
+def test_split_precision_reaches_the_rounding_floor(dtype, K, seg, triton_backend):
+    """Split: within 1.1× the rounding floor on o, dq, dk, dv (the unsegmented walk, and segments with their
+    pre-pass and scan). The default precision rounds the scores, state and decayed values once and lands well above
+    it, which is what makes the comparison a test of the split path."""
+    split = _errors_over_floor(dtype, K, "split", triton_backend, seg)
+    default = _errors_over_floor(dtype, K, "input", triton_backend, seg)
+    assert split <= 1.1, f"split precision: {split:.3f}× the rounding floor"
+    assert default > 1.2, f"default precision: {default:.3f}× the rounding floor (expected above the split's)"
+
+
+def test_split_precision_rules_out_the_kernels_without_split_products():
+    """The fused dk/dv walk and the two-warpgroup walk have no split products: under the split precision the plan
+    runs the Triton walks even where its settings or the shape would pick those."""
+    from lightning_attention.ops.lightning.plan import precisions, use_fused_dkdv, walk_ws_shape
+    from tests.ops.test_plan import problem
+
+    assert use_fused_dkdv(problem(fused_dkdv=True), 64, 64)
+    assert not use_fused_dkdv(problem(fused_dkdv=True, precision="split"), 64, 64)
+    assert not walk_ws_shape(problem(K=256, V=256, precision="split"), 256, 256)
+    split = settings.Settings(precision="split")
+    assert precisions(torch.bfloat16, split) == (None, "split", True)
+    assert precisions(torch.float16, split) == (None, "tf32", True)  # the state is never rounded to fp16
+    assert precisions(torch.float32, split) == ("ieee", "ieee", False)
+
+
+def test_precision_setting_is_validated():
+    with pytest.raises(ValueError, match="PRECISION"):
+        settings.Settings(precision="tf32")
+    assert settings.from_environment({"LIGHTNING_ATTENTION_PRECISION": " Split "}).precision == "split"
