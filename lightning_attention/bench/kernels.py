@@ -87,7 +87,7 @@ def measure_case(
         for _ in range(2 if device.type == "cuda" else 0):  # finish any autotuning before the clock runs
             _clear(prepared.leaves)
             prepared.forward_backward()
-        fwd = bench(prepared.forward, device, warmup_ms=warmup_ms, rep_ms=rep_ms, grad_to_none=prepared.leaves)
+        fwd = bench(prepared.run_forward, device, warmup_ms=warmup_ms, rep_ms=rep_ms, grad_to_none=prepared.leaves)
         fwdbwd = bench(
             prepared.forward_backward, device, warmup_ms=warmup_ms, rep_ms=rep_ms, grad_to_none=prepared.leaves
         )
@@ -172,8 +172,9 @@ def measure_accuracy(provider: Provider, shape: Shape, device: torch.device, see
     try:
         inputs = OP.make_inputs(shape, device, seed)
         prepared = provider.prepare(inputs)
-        o = prepared.forward()
-        o.backward(prepared.grad_output)
+        with prepared.context():
+            o = prepared.forward()
+            o.backward(prepared.grad_output)
         o_ref, grads_ref = OP.reference(inputs)
         got = [prepared.to_library_layout(o.detach()), *prepared.gradients()]
         for name, actual, expected in zip(("o", "dq", "dk", "dv"), got, [o_ref, *grads_ref]):

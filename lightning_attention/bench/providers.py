@@ -110,26 +110,20 @@ def _ours_available(device: torch.device) -> str | None:
 
 
 def _prepare_ours(backward: str, precision: str | None = None):
-    """``precision``: a ``precision`` setting to call under (the override costs microseconds of host time per call:
-    the default provider calls without one)."""
+    """``precision``: a ``precision`` setting that the forward and its backward run under (the override costs
+    microseconds of host time per call: the default provider runs without one)."""
 
     def prepare(inputs: dict) -> Prepared:
         from lightning_attention import lightning_attn
 
         q, k, v = _leaves(inputs)
         slope = inputs["slope"]
-
-        def forward():
-            if precision is None:
-                return lightning_attn(q, k, v, slope, backward=backward)[0]
-            with settings.override(precision=precision):
-                return lightning_attn(q, k, v, slope, backward=backward)[0]
-
         return Prepared(
-            forward=forward,
+            forward=lambda: lightning_attn(q, k, v, slope, backward=backward)[0],
             grad_output=inputs["do"],
             leaves=[q, k, v],
             to_library_layout=_same_layout,
+            context=contextlib.nullcontext if precision is None else lambda: settings.override(precision=precision),
         )
 
     return prepare

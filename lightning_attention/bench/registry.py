@@ -8,6 +8,7 @@ Harnesses look things up by name, so adding a baseline or a grid is one registra
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 from collections.abc import Callable
@@ -80,16 +81,23 @@ class Prepared:
 
     ``forward()`` returns the output tensor whose gradient is ``grad_output``; ``leaves`` are the tensors that
     receive gradients (cleared between timed runs); ``gradients()`` returns them mapped back to the library layout
-    (q, k, v order, ``[B, T, H, *]``) for the accuracy check.
+    (q, k, v order, ``[B, T, H, *]``) for the accuracy check. ``context()``: what the forward and its backward run
+    under (e.g. a settings override), entered by :meth:`run_forward` and :meth:`forward_backward`.
     """
 
     forward: Callable[[], torch.Tensor]
     grad_output: torch.Tensor
     leaves: list[torch.Tensor]
     to_library_layout: Callable[[torch.Tensor], torch.Tensor]
+    context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+
+    def run_forward(self) -> torch.Tensor:
+        with self.context():
+            return self.forward()
 
     def forward_backward(self) -> None:
-        self.forward().backward(self.grad_output)
+        with self.context():
+            self.forward().backward(self.grad_output)
 
     def gradients(self) -> list[torch.Tensor]:
         return [self.to_library_layout(x.grad) for x in self.leaves]

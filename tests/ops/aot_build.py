@@ -45,8 +45,10 @@ _INT_POINTERS = {"cu_seqlens", "seg_table", "seq_segs"}
 
 def inter_prec(dtype: str, flags: dict) -> str:
     """INTER_PREC as ``plan.precisions`` picks it: with the split precision (flag SPLIT_OPERANDS) bf16 splits the
-    state too."""
-    return "split" if flags.get("SPLIT_OPERANDS") and dtype == "bf16" else INTER_PREC[dtype]
+    state too, fp16 takes q and the state as bf16 halves."""
+    if flags.get("SPLIT_OPERANDS") and dtype != "fp32":
+        return "split" if dtype == "bf16" else "bf16x3"
+    return INTER_PREC[dtype]
 
 
 def signature(fn, dtype: str) -> dict:

@@ -68,7 +68,7 @@ def test_split_precision_rules_out_the_kernels_without_split_products():
     assert not walk_ws_shape(problem(K=256, V=256, precision="split"), 256, 256)
     split = settings.Settings(precision="split")
     assert precisions(torch.bfloat16, split) == (None, "split", True)
-    assert precisions(torch.float16, split) == (None, "tf32", True)  # the state is never rounded to fp16
+    assert precisions(torch.float16, split) == (None, "bf16x3", True)  # the state is never rounded to fp16
     assert precisions(torch.float32, split) == ("ieee", "ieee", False)
 
 

@@ -234,13 +234,15 @@ CPU_TRITON_SCRIPT = textwrap.dedent(
         o = la.lightning_attn_decode(q, k, v, pool)
         err = ((o.double() - want).norm() / want.norm()).item()
         assert err <= tol, (dtype, "decode", err)
-    x = torch.randn(1, 20, 2, 16).bfloat16()
-    try:
-        la.lightning_attn(x, x, x)
-    except NotImplementedError as e:
-        assert "bfloat16" in str(e) and "interpreter" in str(e), e
-    else:
-        raise AssertionError("bfloat16 chunk calls must raise on an interpreter that computes bf16 wrongly")
+    for dtype, precision in ((torch.bfloat16, "input"), (torch.float16, "split")):  # split fp16 computes in bf16
+        x = torch.randn(1, 20, 2, 16).to(dtype)
+        try:
+            with la.settings.override(precision=precision):
+                la.lightning_attn(x, x, x)
+        except NotImplementedError as e:
+            assert "bfloat16" in str(e) and "interpreter" in str(e), e
+        else:
+            raise AssertionError(f"{dtype} chunk calls ({precision}) must raise on an interpreter computing bf16 wrongly")
     print("CPU TRITON MODE OK")
     """
 )
@@ -248,8 +250,9 @@ CPU_TRITON_SCRIPT = textwrap.dedent(
 
 def test_cpu_triton_mode_without_the_test_shims():
     """LIGHTNING_ATTENTION_BACKEND=triton with TRITON_INTERPRET=1, in a fresh process that imports nothing from
-    tests/: float32 and float16 forward and both backwards, decode in every dtype, bfloat16 chunk calls refused with
-    a clear error (Triton's interpreter computes bf16 on raw bits; the README says so)."""
+    tests/: float32 and float16 forward and both backwards, decode in every dtype, bfloat16 chunk calls (and float16
+    ones under the split precision, which compute in bf16) refused with a clear error (Triton's interpreter computes
+    bf16 on raw bits; the README says so)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LIGHTNING_ATTENTION_", "TRITON_", "INTERP_"))}
     env.update(LIGHTNING_ATTENTION_BACKEND="triton", TRITON_INTERPRET="1", PYTHONPATH=ROOT)
     proc = subprocess.run(

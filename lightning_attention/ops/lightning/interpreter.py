@@ -15,6 +15,8 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
+from lightning_attention import settings
+
 _PROBE_N = 16
 _BF16_WORKS: bool | None = None  # the probe's answer, once asked (a plain global: torch.compile warns on caches)
 
@@ -57,13 +59,15 @@ def require_interpreter() -> None:
 
 def check_interpreter_dtype(q: torch.Tensor) -> None:
     """A chunk call on CPU tensors runs under the interpreter, in a dtype it computes right; NotImplementedError
-    otherwise. Nothing to check on CUDA tensors."""
+    otherwise (float16 under the split precision computes in bfloat16 too). Nothing to check on CUDA tensors."""
     if q.is_cuda:
         return
     require_interpreter()
-    if q.dtype == torch.bfloat16 and not interpreter_bf16_works():
+    uses_bf16 = q.dtype == torch.bfloat16 or (q.dtype == torch.float16 and settings.current().precision == "split")
+    if uses_bf16 and not interpreter_bf16_works():
         raise NotImplementedError(
-            "q is bfloat16 on the Triton backend with CPU tensors, and this Triton's interpreter computes bfloat16 "
-            "arithmetic on raw bit patterns (garbage). There, use float32 or float16 (float64 for references), or "
-            "the PyTorch path for bfloat16 CPU tensors (LIGHTNING_ATTENTION_BACKEND=auto or torch)"
+            f"q is {str(q.dtype).removeprefix('torch.')} on the Triton backend with CPU tensors (computed in bfloat16 "
+            "there), and this Triton's interpreter computes bfloat16 arithmetic on raw bit patterns (garbage). There, "
+            "use float32 or float16 with the default precision (float64 for references), or the PyTorch path for CPU "
+            "tensors (LIGHTNING_ATTENTION_BACKEND=auto or torch)"
         )

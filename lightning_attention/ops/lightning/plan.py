@@ -133,7 +133,8 @@ def precisions(dtype: torch.dtype, settings: Settings) -> tuple[str | None, str,
     dtype, except: for fp16 the inter product (λq)·S is always tf32 on fp32 operands (the state is never rounded to
     fp16: its values outgrow fp16); for bf16 the ``bf16_inter`` setting ``tf32`` does the same. The ``precision``
     setting ``split`` carries every fp32 operand as two halves in the input dtype (``kernels/walk.split_halves``:
-    results at the rounding floor of the output, docs/kernels.md, "Split operands"); for fp16 the state stays tf32."""
+    results at the rounding floor of the output, docs/kernels.md, "Split operands"); for fp16, whose range cannot hold
+    the state, q and S both go to bf16 products as halves (``bf16x3``: three products)."""
     if dtype in (torch.float32, torch.float64):
         return "ieee", "ieee", False
     split = settings.precision == "split"
@@ -141,7 +142,7 @@ def precisions(dtype: torch.dtype, settings: Settings) -> tuple[str | None, str,
         if split:
             return None, "split", True
         return None, "tf32" if settings.bf16_inter == "tf32" else "input", False
-    return None, "tf32", split
+    return None, "bf16x3" if split else "tf32", split
 
 
 def inter_precision(problem: ChunkProblem) -> str:

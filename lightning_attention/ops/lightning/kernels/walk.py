@@ -176,8 +176,8 @@ def split_dot(a, b, acc, ACC: tl.constexpr):
 @triton.jit
 def inter_product(b_q, b_s, ACC: tl.constexpr, INTER_PREC: tl.constexpr, TRANS_S: tl.constexpr = False):
     """q · S [BT, BV] (q · Sᵀ with TRANS_S) against the carried fp32 state: S rounded to q's dtype for INTER_PREC
-    "input" (bf16 inputs: 8 exponent bits), S as two halves in q's dtype for "split" (:func:`split_halves`), else
-    fp32 operands at INTER_PREC. The transpose is taken here, after q's conversion, so the instructions are issued in
+    "input" (bf16 inputs: 8 exponent bits), S as two halves in q's dtype for "split" (:func:`split_halves`), q and S
+    as bf16 halves for "bf16x3" (fp16 inputs), else fp32 operands at INTER_PREC. The transpose is taken here, after q's conversion, so the instructions are issued in
     the order of the kernels that spell the product out."""
     if INTER_PREC == "input":
         if TRANS_S:
@@ -187,10 +187,17 @@ def inter_product(b_q, b_s, ACC: tl.constexpr, INTER_PREC: tl.constexpr, TRANS_S
     elif INTER_PREC == "split":
         s_hi, s_lo = split_halves(b_s, b_q.dtype)
         if TRANS_S:
-            b_o = tl.dot(b_q, tl.trans(s_hi), out_dtype=ACC)
-            return tl.dot(b_q, tl.trans(s_lo), b_o, out_dtype=ACC)
-        else:
-            return tl.dot(b_q, s_lo, tl.dot(b_q, s_hi, out_dtype=ACC), out_dtype=ACC)
+            s_hi, s_lo = tl.trans(s_hi), tl.trans(s_lo)
+        return tl.dot(b_q, s_lo, tl.dot(b_q, s_hi, out_dtype=ACC), out_dtype=ACC)
+    elif INTER_PREC == "bf16x3":
+        # fp16 q: the state cannot be an fp16 operand (range), so q (exact as two bf16 halves) and S go to bf16 tensor
+        # cores as halves; q_lo · S_lo is below the output's rounding and left out
+        q_hi, q_lo = split_halves(b_q.to(ACC), tl.bfloat16)
+        s_hi, s_lo = split_halves(b_s, tl.bfloat16)
+        if TRANS_S:
+            s_hi, s_lo = tl.trans(s_hi), tl.trans(s_lo)
+        b_o = tl.dot(q_lo, s_hi, tl.dot(q_hi, s_lo, out_dtype=ACC), out_dtype=ACC)
+        return tl.dot(q_hi, s_hi, b_o, out_dtype=ACC)
     else:
         b_qa = b_q.to(ACC)
         if TRANS_S:
@@ -264,7 +271,7 @@ def _walk_kernel(
     ACC: tl.constexpr,  # tl.float32 (tl.float64 for fp64 inputs under the interpreter)
     DOT_PREC: tl.constexpr,  # "ieee" for fp32/fp64 operands, else the tensor-core default
     INTER_PREC: tl.constexpr,  # (q·λ)·S: "ieee" (fp32 inputs), "tf32" (fp32 operands), "input" (bf16 operands),
-    # "split" (S as two bf16 halves)
+    # "split" (S as two bf16 halves), "bf16x3" (fp16 q and S as bf16 halves)
     SPLIT_OPERANDS: tl.constexpr,  # the fp32 scores and decayed values enter their products as two halves
 ):
     # grid: one program per (V tile, head, segment), V tile fastest so the programs that share a (segment, head)
