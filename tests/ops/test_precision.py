@@ -2,8 +2,8 @@
 (intra-chunk scores, state, decayed values) as two halves in the input dtype, and 16-bit results reach the rounding
 floor, the float64 result rounded to the output dtype; with ``input`` (the default) they round them once.
 
-Runs on CPU under the interpreter and on a GPU, where the compiled kernels of both precisions are checked the same
-way (``pytest -m gpu`` runs these tests too).
+Runs on CPU under the interpreter (float16, and bfloat16 through the test suite's interpreter shims), and compiled
+where pytest runs on a GPU; tests/ops/test_precision_gpu.py holds the GPU-only checks at real sizes.
 """
 
 import pytest
