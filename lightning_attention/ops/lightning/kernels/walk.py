@@ -177,8 +177,8 @@ def split_dot(a, b, acc, ACC: tl.constexpr):
 def inter_product(b_q, b_s, ACC: tl.constexpr, INTER_PREC: tl.constexpr, TRANS_S: tl.constexpr = False):
     """q · S [BT, BV] (q · Sᵀ with TRANS_S) against the carried fp32 state: S rounded to q's dtype for INTER_PREC
     "input" (bf16 inputs: 8 exponent bits), S as two halves in q's dtype for "split" (:func:`split_halves`), q and S
-    as bf16 halves for "bf16x3" (fp16 inputs), else fp32 operands at INTER_PREC. The transpose is taken here, after q's conversion, so the instructions are issued in
-    the order of the kernels that spell the product out."""
+    as bf16 halves for "bf16x3" (fp16 inputs), else fp32 operands at INTER_PREC. The transpose is taken here, after
+    q's conversion, so the instructions are issued in the order of the kernels that spell the product out."""
     if INTER_PREC == "input":
         if TRANS_S:
             return tl.dot(b_q, tl.trans(b_s).to(b_q.dtype), out_dtype=ACC)
