@@ -33,7 +33,8 @@ from lightning_attention.ops.lightning.kernels.configs import (
     walk_tile,
 )
 from lightning_attention.ops.lightning.kernels.dkdv_walk import dkdv_kernel
-from lightning_attention.ops.lightning.kernels.walk import lightning_scan_kernel, walk_kernel
+from lightning_attention.ops.lightning.kernels.scan import lightning_scan_kernel
+from lightning_attention.ops.lightning.kernels.walk import walk_kernel
 from lightning_attention.ops.lightning.plan import TMA_MIN_CAPABILITY
 
 ELEM_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}

@@ -23,7 +23,8 @@ from lightning_attention.ops.lightning.kernels.configs import (
     walk_tile,
 )
 from lightning_attention.ops.lightning.kernels.dkdv_walk import dkdv_kernel, tuned_dkdv_kernel
-from lightning_attention.ops.lightning.kernels.walk import lightning_scan_kernel, tuned_walk_kernel, walk_kernel
+from lightning_attention.ops.lightning.kernels.scan import lightning_scan_kernel
+from lightning_attention.ops.lightning.kernels.walk import tuned_walk_kernel, walk_kernel
 from lightning_attention.ops.lightning.launch import Launcher
 from lightning_attention.ops.lightning.library import pointers
 from lightning_attention.ops.lightning.naive import compute_dtype
