@@ -161,9 +161,24 @@ def _resident_bytes(prepared, inputs) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def measure_accuracy(provider: Provider, shape: Shape, device: torch.device, seed: int) -> dict:
+def accuracy_reference(shape: Shape, device: torch.device, seed: int) -> list[torch.Tensor]:
+    """float64 [o, dq, dk, dv] of the accuracy inputs of ``shape`` and ``seed`` (every provider gets the same)."""
+    o_ref, grads_ref = OP.reference(OP.make_inputs(shape, device, seed))
+    return [o_ref, *grads_ref]
+
+
+def _record_errors(record: dict, got: list[torch.Tensor], expected: list[torch.Tensor]) -> None:
+    for name, actual, exact in zip(("o", "dq", "dk", "dv"), got, expected):
+        record[f"err_{name}"] = relative_error(actual, exact)
+    record["err_max"] = max(record[f"err_{n}"] for n in ("o", "dq", "dk", "dv"))
+    record["status"] = "ok"
+
+
+def measure_accuracy(
+    provider: Provider, shape: Shape, device: torch.device, seed: int, expected: list[torch.Tensor] | None = None
+) -> dict:
     """Relative L2 error of o, dq, dk, dv vs float64 from the same rounded inputs (docs/design.md, "Testing
-    discipline")."""
+    discipline"); ``expected``: :func:`accuracy_reference` of the same shape and seed, computed here when None."""
     record = {"provider": provider.name, **shape.to_json()}
     if not provider.computes_op:
         record.update(status="skipped", error="computes softmax attention, not this op")
@@ -175,12 +190,8 @@ def measure_accuracy(provider: Provider, shape: Shape, device: torch.device, see
         with prepared.context():
             o = prepared.forward()
             o.backward(prepared.grad_output)
-        o_ref, grads_ref = OP.reference(inputs)
         got = [prepared.to_library_layout(o.detach()), *prepared.gradients()]
-        for name, actual, expected in zip(("o", "dq", "dk", "dv"), got, [o_ref, *grads_ref]):
-            record[f"err_{name}"] = relative_error(actual, expected)
-        record["err_max"] = max(record[f"err_{n}"] for n in ("o", "dq", "dk", "dv"))
-        record["status"] = "ok"
+        _record_errors(record, got, expected if expected is not None else accuracy_reference(shape, device, seed))
     except Exception as exc:  # noqa: BLE001
         record_failure(record, exc)
     finally:
@@ -189,18 +200,12 @@ def measure_accuracy(provider: Provider, shape: Shape, device: torch.device, see
     return record
 
 
-def rounding_floor(shape: Shape, device: torch.device, seed: int) -> dict:
-    """The accuracy record of the float64 result rounded to the inputs' dtype (provider ``rounding-floor``): the
-    smallest error a kernel that returns that dtype can have (docs/design.md, "Precision")."""
+def rounding_floor(shape: Shape, expected: list[torch.Tensor]) -> dict:
+    """The accuracy record of the float64 result ``expected`` (:func:`accuracy_reference`) rounded to the inputs'
+    dtype (provider ``rounding-floor``): the smallest error a kernel that returns that dtype can have
+    (docs/design.md, "Precision")."""
     record = {"provider": "rounding-floor", **shape.to_json()}
-    inputs = OP.make_inputs(shape, device, seed)
-    o_ref, grads_ref = OP.reference(inputs)
-    for name, exact in zip(("o", "dq", "dk", "dv"), [o_ref, *grads_ref]):
-        record[f"err_{name}"] = relative_error(exact.to(shape.dtype), exact)
-    record["err_max"] = max(record[f"err_{n}"] for n in ("o", "dq", "dk", "dv"))
-    record["status"] = "ok"
-    del inputs
-    release(device)
+    _record_errors(record, [x.to(shape.dtype) for x in expected], expected)
     return record
 
 
@@ -344,9 +349,12 @@ def run(args, device: torch.device, writer: ResultWriter, out: pathlib.Path) -> 
                     bar.update()
     for dim in args.head_dims:
         shape = providers.accuracy_shape(dim, args.quick)
+        expected = accuracy_reference(shape, device, args.seed)
         for provider in progress(chosen, desc=f"accuracy K=V={dim}", unit="provider"):
-            writer.add("accuracy", measure_accuracy(provider, shape, device, args.seed))
-        writer.add("accuracy", rounding_floor(shape, device, args.seed))
+            writer.add("accuracy", measure_accuracy(provider, shape, device, args.seed, expected))
+        writer.add("accuracy", rounding_floor(shape, expected))
+        del expected
+        release(device)
 
     results = writer.doc.get("results", [])
     writer.set("speedups", compute_speedups(results))
