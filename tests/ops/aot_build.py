@@ -8,10 +8,12 @@ kernels were decorated under ``TRITON_INTERPRET=1`` Triton's frontend cannot com
 
 Each job compiles every configuration that ``kernels.configs.walk_candidates`` lets the plan pick for that
 architecture, dtype and head dims (or only the first / last with ``"which"``), with the kernel flags given in
-``"flags"``, and prints one JSON line per build: the configuration, ``metadata.shared`` (the compiler's own number),
+``"flags"`` (``"pointers": true``: the walk without tensor descriptors, as inputs that miss their alignment run it
+on sm_90), and prints one JSON line per build: the configuration, ``metadata.shared`` (the compiler's own number),
 the per-block limit and the dispatcher's estimate.
 """
 
+import functools
 import json
 import sys
 
@@ -93,13 +95,19 @@ def source(fn, dtype: str, constexprs: dict):
     return triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=specialisations(fn, sig))
 
 
-def dispatcher_configs(cc: int, dtype: str, DK: int, DV: int, flags: dict):
+def uses_descriptors(cc: int, flags: dict, pointers: bool) -> bool:
+    """Whether a walk launch on ``cc`` moves its tiles by tensor descriptors: on sm_90+ for whole chunks, never in the
+    inter-only mode, and not when its inputs miss the descriptors' alignment (``pointers``)."""
+    return cc >= TMA_MIN_CAPABILITY and not flags.get("INTER_ONLY", False) and not pointers
+
+
+def dispatcher_configs(cc: int, dtype: str, DK: int, DV: int, flags: dict, pointers: bool = False):
     """What the plan may launch on ``cc`` (the inter-only mode: its one configuration with BT = flags["BT"])."""
     if flags.get("INTER_ONLY"):
         return [inter_only_config(flags["BT"], DK, DV)]
     return list(walk_candidates(
         DK, DV, ELEM_BYTES[dtype], SHARED_LIMITS[cc], state_only=flags.get("STATE_ONLY", False),
-        tma=cc >= TMA_MIN_CAPABILITY, state_bytes=state_operand_bytes(inter_prec(dtype, flags)),
+        tma=uses_descriptors(cc, flags, pointers), state_bytes=state_operand_bytes(inter_prec(dtype, flags)),
     ))  # fmt: skip
 
 
@@ -121,7 +129,7 @@ def _precision_constexprs(dtype: str, flags: dict) -> dict:
     return dict(ACC=tl.float32, DOT_PREC="ieee" if dtype == "fp32" else None, INTER_PREC=inter_prec(dtype, flags))
 
 
-def build_walk(cc: int, dtype: str, DK: int, DV: int, cfg, flags: dict) -> dict:
+def build_walk(cc: int, dtype: str, DK: int, DV: int, cfg, flags: dict, pointers: bool = False) -> dict:
     BT, BV = cfg.kwargs["BT"], cfg.kwargs["BV"]
     BK = cfg.kwargs.get("BK", walk_tile(DK))  # the inter-only configuration carries its own
     constexprs = dict(
@@ -131,13 +139,13 @@ def build_walk(cc: int, dtype: str, DK: int, DV: int, cfg, flags: dict) -> dict:
         **_precision_constexprs(dtype, flags),
     )  # fmt: skip
     inter_only = bool(flags.get("INTER_ONLY", False))
-    # as a launch there (launches.walk_launch): tensor descriptors on sm_90+ for whole chunks, never in the inter-only
-    # mode
-    tma = constexprs["USE_TMA"] = cc >= TMA_MIN_CAPABILITY and not inter_only
+    tma = constexprs["USE_TMA"] = uses_descriptors(cc, flags, pointers)  # as launches.walk_launch decides
     state_bytes = state_operand_bytes(inter_prec(dtype, flags))
-    estimate = estimate_shared_bytes(BT, BK, BV, cfg.num_stages, ELEM_BYTES[dtype], inter_only, tma, state_bytes)
+    estimate = estimate_shared_bytes(BT, BK, BV, cfg.num_stages, ELEM_BYTES[dtype], inter_only, tma, state_bytes,
+                                     state_only=flags.get("STATE_ONLY", False))  # fmt: skip
     fn = walk_kernel
     result = _compile("walk", fn, cc, dtype, DK, DV, BT, BV, cfg, constexprs, flags, estimate)
+    result["pointers"] = pointers
     result["resident"] = estimate_resident_shared_bytes(BT, BK, BV, cfg.num_stages, ELEM_BYTES[dtype], tma)
     return result
 
@@ -207,8 +215,9 @@ def run_job(job: dict) -> list[dict]:
     if job.get("kernel") == "dkdv":
         cfgs, build_one = dkdv_jobs(job["cc"], job["dtype"], job["DK"], job["DV"]), build_dkdv
     else:
-        cfgs = dispatcher_configs(job["cc"], job["dtype"], job["DK"], job["DV"], flags)
-        build_one = build_walk
+        pointers = job.get("pointers", False)
+        cfgs = dispatcher_configs(job["cc"], job["dtype"], job["DK"], job["DV"], flags, pointers)
+        build_one = functools.partial(build_walk, pointers=pointers)
     cfgs = cfgs[:1] if which == "first" else cfgs[-1:] if which == "last" else cfgs
     return [build_one(job["cc"], job["dtype"], job["DK"], job["DV"], c, flags) for c in cfgs]
 

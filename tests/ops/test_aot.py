@@ -26,6 +26,7 @@ ARCHS = (80, 90, 120)
 FULL_FORWARD = {}  # default flags: forward walk with h0 and final state (the largest live set)
 REVERSE_SEGMENTED = {"REVERSE": True, "SEG_IN": True, "USE_H0": False, "STORE_HT": False}
 PRE_PASS_VARLEN = {"STATE_ONLY": True, "USE_H0": False, "STORE_HT": False, "VARLEN": 2}
+PRE_PASS = {"STATE_ONLY": True, "USE_H0": False, "STORE_HT": False}
 # the split precision: scores, state and decayed values as two halves (more live tiles than the default)
 SPLIT_FORWARD = {"SPLIT_OPERANDS": True}
 # hybrid attention's default: chunks of 256 tokens, inter-only reverse walk, the values (V = 128) and the narrow
@@ -85,6 +86,8 @@ def ci_builds():
     jobs += [{"cc": cc, "dtype": "bf16", "DK": 128, "DV": 128, "flags": SPLIT_FORWARD} for cc in ARCHS]
     jobs += [{"cc": cc, "dtype": dt, "DK": d, "DV": d, "flags": SPLIT_FORWARD, "which": "first"}
              for cc in ARCHS for dt, d in (("bf16", 256), ("fp16", 128))]  # fmt: skip
+    jobs += [{"cc": 90, "dtype": "bf16", "DK": d, "DV": d, "flags": flags, "pointers": True}
+             for d, flags in ((128, FULL_FORWARD), (256, FULL_FORWARD), (256, PRE_PASS))]  # fmt: skip
     jobs += [{"kernel": "scan", "cc": cc} for cc in ARCHS]
     jobs += [{"kernel": "dkdv", "cc": cc, "dtype": dt, "DK": 128, "DV": 128} for cc in ARCHS for dt in ("bf16", "fp16")]
     jobs += [{"cc": cc, "dtype": "bf16", "DK": dk, "DV": dv, "flags": INTER_ONLY_256}
@@ -128,6 +131,40 @@ def test_split_precision_configs_fit(ci_builds, cc):
     builds = [r for r in ci_builds if r["kernel"] == "walk" and r["cc"] == cc and r["flags"] == SPLIT_FORWARD]
     assert {(r["dtype"], r["DK"]) for r in builds} == {("bf16", 128), ("bf16", 256), ("fp16", 128)}
     check(builds)
+
+
+def test_walks_without_descriptors_fit_on_sm90(ci_builds):
+    """On sm_90 a walk runs without tensor descriptors where its inputs miss their alignment or the ``tma`` setting is
+    off: the forward walk at K = 128 and 256 and the pre-pass at K = 256 built so, within the limit and estimate."""
+    builds = [r for r in ci_builds if r.get("pointers")]
+    assert {(r["DK"], r["flags"].get("STATE_ONLY", False)) for r in builds} == {(128, False), (256, False), (256, True)}
+    check(builds)
+
+
+# compiled shared memory of sm_90 walks without descriptors at K = V = 256 (bf16 forward with h0 and final state;
+# the same with Triton 3.6 on an H100 and 3.8 here): what a pin may ask for, beyond the dispatcher's candidates
+POINTER_WALKS_SM90_K256 = {
+    (64, 64, 4, 1): 106_496,
+    (64, 64, 4, 2): 172_032,
+    (64, 64, 8, 2): 172_032,
+    (64, 32, 8, 2): 151_552,
+    (64, 32, 4, 3): 221_184,
+    (64, 64, 4, 3): 245_760,
+    (64, 64, 4, 4): 319_488,
+}
+
+
+def test_pointer_walk_estimate_covers_pinned_configurations_at_k256():
+    """The estimate bounds every compiled size above, so a pin over the limit is never taken as given: (64, 64, 4, 3)
+    once passed the estimate (229,376 B) and failed to compile on the H100 (245,760 B > 232,448)."""
+    from lightning_attention.ops.lightning.device import SHARED_PER_BLOCK
+    from lightning_attention.ops.lightning.kernels.configs import estimate_shared_bytes, walk_candidates
+
+    for (BT, BV, _, stages), compiled in POINTER_WALKS_SM90_K256.items():
+        assert estimate_shared_bytes(BT, 256, BV, stages, 2, state_bytes=2) >= compiled, (BT, BV, stages)
+    pinned = walk_candidates(256, 256, 2, SHARED_PER_BLOCK[90], state_only=False, tma=False, state_bytes=2,
+                             pin=(64, 64, 4, 3))  # fmt: skip
+    assert _shapes(pinned) == [(64, 64, 4, 1)]  # the smallest, unpipelined, instead
 
 
 def test_occupancy_estimate_covers_the_compiled_forward_walks(ci_builds):

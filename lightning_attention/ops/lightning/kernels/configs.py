@@ -88,6 +88,9 @@ MAX_TUNED_FP32 = 1
 REGISTERS_PER_SM = 65_536
 # the walks compile to the 255-register cap (ptxas on sm_90), allocated per thread in units of 8
 WALK_REGISTERS_PER_THREAD = 256
+# K tiles from which a pipelined walk without descriptors stages its v tile twice (docs/kernels.md, "Shared-memory
+# estimates")
+POINTER_WIDE_BK = 256
 # shared memory the driver reserves per resident block
 RESERVED_SHARED_PER_BLOCK = 1024
 # mbarriers of the tensor-descriptor copies, with room: 40-80 B compiled (triton 3.6, sm_90)
@@ -140,7 +143,7 @@ def tma_store_bytes(BT: int, BV: int, elem_bytes: int) -> int:
 
 def estimate_shared_bytes(
     BT: int, BK: int, BV: int, num_stages: int, elem_bytes: int, inter_only: bool = False, tma: bool = False,
-    state_bytes: int = 4,
+    state_bytes: int = 4, state_only: bool = False,
 ) -> int:  # fmt: skip
     """An upper estimate of the shared memory of one walk program, fitted to the compiler's numbers on sm_90 (the
     arch that stages the most operands in shared memory; sm_80/120 builds of the same config use as much or less).
@@ -149,7 +152,10 @@ def estimate_shared_bytes(
     plus the v tile column (4·BK + elem·BT bytes, counted twice: layout conversions), and the [BT, BT] score tile.
     ``inter_only``: no score tile, but the compiler stages more of q, so half a [BT, BK] tile takes its place.
     ``tma``: tiles moved by tensor descriptors (:func:`tma_store_bytes` more, and at least :func:`tma_walk_bytes`
-    with the state operand's ``state_bytes``; never in the inter-only mode).
+    with the state operand's ``state_bytes``; never in the inter-only mode). Without descriptors, a pipelined walk
+    with K tiles of :data:`POINTER_WIDE_BK` or more stages the v tile twice per stage (sm_90: 245,760 B compiled at
+    (BT, BV, stages) = (64, 64, 3), over the limit). ``state_only``: the segment pre-pass (no q, o or score tile:
+    it compiles to at most 60% of the walk's estimate, which bounds it without that term).
     """
     qk = 2 * BT * BK * elem_bytes
     if num_stages < 2:
@@ -159,7 +165,8 @@ def estimate_shared_bytes(
     scores = elem_bytes * BT * (BK // 2 if inter_only else BT)
     estimate = qk + 2 * BV * (4 * BK + elem_bytes * BT) + scores
     if num_stages >= 2 and not inter_only:  # pipelined loads: a q, k and v tile per stage
-        estimate = max(estimate, num_stages * BT * (2 * BK + BV) * elem_bytes + scores)
+        v_tiles = 2 if BK >= POINTER_WIDE_BK and not tma and not state_only else 1
+        estimate = max(estimate, num_stages * BT * (2 * BK + v_tiles * BV) * elem_bytes + scores)
     if tma and not inter_only:
         estimate += tma_store_bytes(BT, BV, elem_bytes)
         estimate = max(estimate, tma_walk_bytes(BT, BK, BV, num_stages, elem_bytes, state_bytes))
@@ -217,13 +224,14 @@ def _preferred_first(configs, BK: int, tma: bool = False) -> list:
 
 def select_configs(
     configs, DK: int, DV: int, elem_bytes: int, limit: int | None, max_configs: int = MAX_TUNED,
-    prefer: bool = False, tma: bool = False, state_bytes: int = 4,
+    prefer: bool = False, tma: bool = False, state_bytes: int = 4, state_only: bool = False,
 ) -> list[triton.Config]:  # fmt: skip
     """Clamp BV to the walk's value tile, drop duplicates and what would not fit in ``limit`` bytes of shared memory
     (None: no limit known), and keep the first ``max_configs`` (the order of the space is the order of preference;
     ``prefer``: the main walk's :data:`PREFERRED_BY_BK` first; ``tma``: the launch moves tiles by tensor
-    descriptors, its state operand taking ``state_bytes`` per element). Tiles narrower than WALK_MIN_TILE only where
-    nothing wider fits, and then only with 8 warps, except those of :data:`TMA_NARROW_TILES` with descriptors.
+    descriptors, its state operand taking ``state_bytes`` per element; ``state_only``: for the pre-pass). Tiles
+    narrower than WALK_MIN_TILE only where nothing wider fits, and then only with 8 warps, except those of
+    :data:`TMA_NARROW_TILES` with descriptors.
 
     Never returns an empty list: if nothing fits the estimate, the smallest configuration is kept.
     """
@@ -238,7 +246,8 @@ def select_configs(
         if key in seen:
             continue
         seen.add(key)
-        estimate = estimate_shared_bytes(BT, BK, BV, cfg.num_stages, elem_bytes, tma=tma, state_bytes=state_bytes)
+        estimate = estimate_shared_bytes(BT, BK, BV, cfg.num_stages, elem_bytes, tma=tma, state_bytes=state_bytes,
+                                         state_only=state_only)  # fmt: skip
         if limit is not None and estimate > limit:
             continue
         config = walk_config({"BT": BT, "BV": BV}, cfg.num_warps, cfg.num_stages)
@@ -274,7 +283,7 @@ def walk_candidates(
     return tuple(
         select_configs(
             _space(shapes), DK, DV, elem_bytes, limit, max_configs, prefer=not state_only and pin is None, tma=tma,
-            state_bytes=state_bytes,
+            state_bytes=state_bytes, state_only=state_only,
         )
     )  # fmt: skip
 
