@@ -5,12 +5,17 @@
 #   bash benchmarks/gpu_suite.sh STAGE[,STAGE...]          from the repository root; default: tests
 #
 # stage       what it runs                                                                    limit (s)
-# tests       pytest -m gpu: every GPU-marked test (pytest-xdist workers when installed)     $TESTS_S or 300
+# tests       pytest -m gpu: every GPU-marked test but the configuration check (pytest-xdist   $TESTS_S or 300
+#             workers when installed)
+# configs     pytest -m gpu, the rest: every launch configuration the GPU can pick, each      $CONFIGS_S or 580
+#             against float64 (tests/ops/test_configs_gpu.py; its units compile side by side)
 # kernels_a   grid (a), K = V = 128, ours against FLA ($KERNELS_A_BASELINES: fla)            300
 # kernels_b   grid (b) with CUDA-graph replays, ours alone; then T = 128K against FLA       150 + 150
 # head_dims   grid (a) at K = V = 64 and 256 against FLA                                     270
 # decode      the decode step against FLA, per batch, and its memory over 1M tokens           150
 # model       TNL against LLaMA: training tokens/s per context, 400-step loss curves          240
+# serving     TNL against LLaMA through HF generate(): first token, decode tokens/s, memory,  300
+#             batch 1 and 64 x prompt 1K and 32K (out of memory recorded as a result)
 # hybrid      hybrid chunk attention against SDPA                                             90
 # recompute   the recompute backward against the chunk backward on grid (a)                  120
 # smem        shared memory of the recompute backward, compiled for every target             120
@@ -18,6 +23,8 @@
 # profile     one fwd+bwd kernel by kernel, with the plan and configurations ($PROFILE_SHAPES) 120
 # sweep       pinned configurations of one shape, checked against float64 ($SWEEP_SHAPE,
 #             $SWEEP_CONFIGS: the autotuner's candidates by default)                        300
+# cold_start  first call of each dtype x head dim x (forward, fwd+bwd), each in its own process
+#             from an empty Triton cache, 4 at once                                          420
 # ncu         Nsight Compute over one call per shape ($NCU_SHAPES), then its text pages      420 + 440
 # guard       this package against the one in .old/, alternating, 3 runs each ($GUARD_REPS,
 #             $GUARD_OLD_COMMIT / $GUARD_NEW_COMMIT label the packages in guard.md)           560
@@ -70,7 +77,10 @@ bench="python3 -m lightning_attention.bench"
 xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 6 --dist loadgroup")
 for stage in ${stages//,/ }; do
     case $stage in
-        tests) run tests "${TESTS_S:-300}" python3 -m pytest -v -m gpu -p no:cacheprovider $xdist --durations=15 tests ;;
+        tests) run tests "${TESTS_S:-300}" python3 -m pytest -v -m gpu -p no:cacheprovider $xdist --durations=15 \
+                   --ignore=tests/ops/test_configs_gpu.py tests ;;
+        configs) run configs "${CONFIGS_S:-580}" python3 -m pytest -v -m gpu -p no:cacheprovider \
+                     tests/ops/test_configs_gpu.py ;;
         kernels_a) run kernels_a 300 $bench kernels --grid a --ours chunk --baselines "${KERNELS_A_BASELINES:-fla}" \
                        --out "$res/kernels_a" ;;
         # FLA's grid (b) takes minutes to compile and tune: it runs at 128K only, beside ours in the same process
@@ -82,6 +92,7 @@ for stage in ${stages//,/ }; do
                        --out "$res/head_dims" ;;
         decode) run decode 150 $bench decode --out "$res/decode" ;;
         model) run model 240 $bench model --loss-steps 400 --out "$res/model" ;;
+        serving) run serving 300 $bench serving --out "$res/serving" ;;
         hybrid) run hybrid 90 $bench hybrid --out "$res/hybrid" ;;
         recompute) run recompute 120 python3 benchmarks/recompute_timing.py --out "$res/recompute_timing.json" ;;
         smem) version=$(python3 -c "import triton; print(triton.__version__)")
@@ -93,6 +104,10 @@ for stage in ${stages//,/ }; do
                      --out "$res/chunk_profile.json" ;;
         sweep) run sweep 300 python3 benchmarks/chunk_sweep.py --shape "${SWEEP_SHAPE:-4x16384x64}" \
                    ${SWEEP_CONFIGS:+--configs "$SWEEP_CONFIGS"} --check --out "$res/chunk_sweep.json" ;;
+        # every cell sets its own empty TRITON_CACHE_DIR: the cache unpacked above serves none of them; the cells write
+        # their JSON and table as they finish, and a cell past 240 s is recorded as timed out within the limit
+        cold_start) run cold_start 420 python3 benchmarks/cold_start.py --parallel 4 --timeout-s 240 \
+                        --out "$res/cold_start" ;;
         # the report (gzipped) comes back beside results.tgz when it fits the 16 MiB a returned file may have
         ncu) ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -n 1)
              run ncu 420 "$ncu_bin" --profile-from-start off --clock-control none --set full --import-source no -f \

@@ -15,7 +15,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("lightning_attention.cli_train", "train a small TransNormerLLM (or --arch llama) and save a checkpoint "
                                                "folder"),
     "generate": ("lightning_attention.cli_generate", "stream text from a checkpoint with constant memory"),
-    "bench": ("lightning_attention.bench.cli", "benchmarks: kernels, decode, model, hybrid, model-quality (JSON + PNG)"),
+    "bench": ("lightning_attention.bench.cli",
+              "benchmarks: kernels, decode, model, hybrid, serving, model-quality (JSON + PNG)"),
 }
 
 

@@ -15,7 +15,7 @@ from lightning_attention import cli, settings
 from lightning_attention.bench import external, kernels, metrics, progress, providers
 from lightning_attention.bench.registry import Prepared, Provider, Shape, token_budget_shapes
 from lightning_attention.bench.results import ResultWriter
-from lightning_attention.utils.testing import tolerance
+from lightning_attention.utils.testing import relative_error, tolerance
 
 FAST = ["--quick", "--warmup-ms", "1", "--rep-ms", "5"]
 GRID_A_128 = Shape(batch=64, seqlen=1024, heads=16, k_dim=128, v_dim=128, dtype=torch.bfloat16)
@@ -369,3 +369,45 @@ def test_cpu_timer_is_torch_utils_benchmark(monkeypatch):
     result = timing.bench(lambda: x @ x, torch.device("cpu"), warmup_ms=1, rep_ms=20, grad_to_none=[x])
     assert used == [torch.get_num_threads()]  # the caller's threads, not the Timer's default of one
     assert 0 < result.p20_ms <= result.median_ms <= result.p80_ms and x.grad is None
+
+
+def test_varlen_point_packs_sequences(tmp_path, capsys):
+    """``--grid varlen``: one call of packed sequences of mixed lengths; providers that take no offsets skip it."""
+    lines, summary = _run_cli(["bench", "kernels", *FAST, "--grid", "varlen", "--out", str(tmp_path)], capsys)
+    doc = _check_output(tmp_path, "kernels", lines, summary, [])
+    rows = {r["provider"]: r for r in doc["results"]}
+    lengths = list(providers.QUICK_VARLEN_LENGTHS)
+    assert rows["torch"]["status"] == "ok" and rows["torch"]["lengths"] == lengths
+    assert rows["torch"]["batch"] == 1 and rows["torch"]["seqlen"] == sum(lengths)
+    assert rows["sdpa"]["status"] == "skipped" and "packed" in rows["sdpa"]["error"]
+    assert any("4 packed sequences of 1 to 118 tokens, 256 in all" in line for line in lines)
+
+
+@pytest.mark.parametrize("name", ["torch", "ours-chunk"])
+def test_varlen_providers_keep_sequences_apart(name):
+    """A provider's packed call equals the float64 reference that restarts at every offset, and that reference is
+    not the unpacked one (so offsets that were dropped would fail here)."""
+    shape = providers.quick_varlen_grid(16).shapes[0]
+    shape = Shape(1, shape.seqlen, 1, 16, 16, torch.float32, lengths=shape.lengths)
+    inputs = providers.make_inputs(shape, torch.device("cpu"), seed=3)
+    assert inputs["cu_seqlens_cpu"].tolist() == [0, 100, 101, 138, 256]
+    o_ref, grads_ref = providers.reference(inputs)
+    unpacked = {k: v for k, v in inputs.items() if not k.startswith("cu_seqlens")}
+    assert relative_error(providers.reference(unpacked)[0], o_ref) > 0.1
+    with settings.override(backend="triton"):
+        prepared = providers.LIGHTNING_ATTN.providers[name].prepare(inputs)
+        with prepared.context():
+            o = prepared.forward()
+            o.backward(prepared.grad_output)
+    for got, exact in zip([o, *prepared.gradients()], [o_ref, *grads_ref]):
+        assert relative_error(got, exact) <= tolerance(torch.float32)
+
+
+def test_packed_shape_rules():
+    with pytest.raises(ValueError, match="batch 1"):
+        Shape(2, 10, 1, 16, 16, torch.float32, lengths=(5, 5))
+    with pytest.raises(ValueError, match="sum"):
+        Shape(1, 11, 1, 16, 16, torch.float32, lengths=(5, 5))
+    packed = Shape(1, 10, 1, 16, 16, torch.float32, lengths=(5, 5))
+    assert packed.head_class.endswith("-varlen") and packed.to_json()["lengths"] == [5, 5]
+    assert "lengths" not in Shape(1, 10, 1, 16, 16, torch.float32).to_json()

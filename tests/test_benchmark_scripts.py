@@ -1,9 +1,14 @@
 """The maintainers' GPU scripts in benchmarks/ without a GPU: each one's ``--help``, the settings they take on the
-command line, and the launch programs ``chunk_profile.py`` and ``chunk_sweep.py`` read (under the interpreter), so
-that a change of the package's internals breaks here rather than in a scarce GPU call."""
+command line, the launch programs ``chunk_profile.py`` and ``chunk_sweep.py`` read (under the interpreter) and a whole
+``cold_start.py`` run at a tiny float32 shape (under the interpreter), so that a change of the package's internals
+breaks here rather than in a scarce GPU call."""
 
+import json
+import math
+import os
 import pathlib
 import runpy
+import subprocess
 import sys
 
 import pytest
@@ -14,7 +19,7 @@ from lightning_attention import settings
 BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
 # recompute_smem_table.py is run by tests/ops/test_recompute_smem.py (it drops TRITON_INTERPRET at import)
 SCRIPTS = ("host_overhead.py", "chunk_profile.py", "chunk_sweep.py", "ncu_profile.py", "host_trace.py",
-           "recompute_timing.py", "guard.py")  # fmt: skip
+           "recompute_timing.py", "guard.py", "cold_start.py")  # fmt: skip
 
 
 @pytest.fixture
@@ -70,3 +75,63 @@ def test_sweep_pins_the_tuners_candidates(scripts):
 
     pins = chunk_sweep.tuner_candidates(1, 1024, 2, 64, device="cpu")
     assert pins and all(settings.KernelPin.parse(p) for p in pins)
+
+
+def _cold_start(out: pathlib.Path, *args: str) -> subprocess.CompletedProcess:
+    """``cold_start.py --device cpu`` at a tiny float32 shape (the Triton backend under the interpreter), as a
+    separate process like on the GPU machine."""
+    cmd = [sys.executable, str(BENCHMARKS / "cold_start.py"), "--device", "cpu", "--shape", "1x64x2",
+           "--dtypes", "float32", "--head-dims", "16", "--out", str(out), *args]  # fmt: skip
+    root = str(BENCHMARKS.parent)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH")))))
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, check=False)
+
+
+def test_cold_start_times_each_class_in_its_own_process(tmp_path):
+    """A forward cell and a fwd+bwd cell, two at once: both finish with finite first- and second-call times and
+    import times. The interpreter compiles nothing, so the kernel counts are there and 0 (on the GPU they count the
+    cubins the first call left in the cell's cache)."""
+    proc = _cold_start(tmp_path, "--classes", "forward,fwd+bwd", "--parallel", "2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads((tmp_path / "cold_start.json").read_text())
+    assert doc["bench"] == "cold_start" and doc["machine_line"].startswith("CPU ")
+    assert doc["machine"]["triton_interpret"] and doc["machine"]["backend"] == "triton"
+    assert doc["config"]["parallel"] == 2 and doc["config"]["shape"] == {"B": 1, "T": 64, "H": 2}
+    by_class = {r["class"]: r for r in doc["cells"]}
+    assert sorted(by_class) == ["forward", "fwd+bwd"]
+    for r in by_class.values():
+        assert (r["dtype"], r["head_dim"], r["status"], r["rc"]) == ("float32", 16, "ok", 0)
+        for key in ("cold_s", "warm_s", "import_s", "torch_import_s", "process_s"):
+            assert math.isfinite(r[key]) and r[key] > 0, (key, r)
+        assert r["cold_s"] < r["process_s"]
+        assert r["compiled_kernels"] == r["compiled_kernels_after_warm"] == r["cache_entries"] == 0
+    table = (tmp_path / "cold_start.md").read_text()
+    assert "| dtype | class | K = 16 |" in table
+    assert f"| float32 | fwd+bwd | {by_class['fwd+bwd']['cold_s']:.3g} ✓ |" in table
+
+
+def test_cold_start_records_a_cell_that_times_out(tmp_path):
+    """A cell past --timeout-s is killed and recorded as timed out (no times); the script still writes its JSON and
+    table, and exits with status 1."""
+    proc = _cold_start(tmp_path, "--classes", "fwd+bwd", "--timeout-s", "0.2")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    (cell,) = json.loads((tmp_path / "cold_start.json").read_text())["cells"]
+    assert (cell["status"], cell["rc"], cell["error"]) == ("timeout", None, "timed out after 0.2 s")
+    assert "cold_s" not in cell and cell["process_s"] < 30
+    assert "| float32 | fwd+bwd | timed out ✗ (> 0.2 s) |" in (tmp_path / "cold_start.md").read_text()
+
+
+def test_cold_start_counts_the_kernels_triton_cached(tmp_path, scripts):
+    """Triton's cache holds one folder per compiled kernel (its cubin beside IR and metadata) and one per launcher
+    module: the kernels are the cubins, wherever they sit. The slowest cells start first."""
+    import cold_start
+
+    for folder, files in (("a1", ("walk.cubin", "walk.ptx", "walk.json")), ("b2", ("scan.cubin", "scan.ttir")),
+                          ("c3", ("__triton_launcher.so",))):  # fmt: skip
+        (tmp_path / folder).mkdir()
+        for name in files:
+            (tmp_path / folder / name).write_bytes(b"")
+    assert cold_start.cache_contents(tmp_path) == {"compiled_kernels": 2, "cache_entries": 3}
+    order = cold_start.cells(["bfloat16", "float32"], [64, 256], ["forward", "fwd+bwd"])
+    assert order[:2] == [("float32", 256, "fwd+bwd"), ("float32", 64, "fwd+bwd")]
+    assert order[-1] == ("bfloat16", 64, "forward") and len(order) == 8

@@ -1,12 +1,15 @@
-"""``lightning-attention bench {kernels,decode,model,hybrid,model-quality}``: argument parsing and the run envelope.
+"""``lightning-attention bench {kernels,decode,model,hybrid,serving,model-quality}``: argument parsing and the run
+envelope.
 
 Every run prints the machine line first, writes ``<out>/<subcommand>.json`` (rewritten after every measurement) and
 PNG figures under ``--out``, prints tables, and ends stdout with one JSON summary line.
 
     lightning-attention bench kernels --out runs/bench                 # grids (a) and (b), K = V = 128, H100 ≈ 6 min
     lightning-attention bench kernels --grid a --head-dims 64,256      # the other head dims of grid (a)
+    lightning-attention bench kernels --grid varlen                    # packed sequences of mixed lengths
     lightning-attention bench decode --out runs/bench
     lightning-attention bench model --out runs/bench
+    lightning-attention bench serving --out runs/bench                 # HF generate(), TNL vs LLaMA, batch x prompt
     lightning-attention bench model-quality --corpus .corpus --out runs/mq --resume --time-limit 540   # see its module
     lightning-attention bench kernels --quick                          # CPU smoke test (< 1 min): PyTorch path
     lightning-attention bench kernels --replot runs/bench              # tables + figures of a saved run, no timing
@@ -32,6 +35,7 @@ BENCHES = {
     "decode": ("lightning_attention.bench.decode", "decode step latency vs batch, with the floor; flat memory"),
     "model": ("lightning_attention.bench.model", "training tokens/s vs context and loss curves, TNL vs LLaMA"),
     "hybrid": ("lightning_attention.bench.hybrid", "hybrid softmax/linear chunk attention vs SDPA causal"),
+    "serving": ("lightning_attention.bench.serving", "HF generate(), TNL vs LLaMA: first token, decode tokens/s, memory"),
     "model-quality": ("lightning_attention.bench.model_quality", "TNL, MiniMax, hybrid vs LLaMA at equal size: "
                       "learning-rate sweep, seeds, loss by position, beyond the context, copy probe"),
 }
@@ -39,7 +43,9 @@ BENCHES = {
 
 # the flag that sets each benchmark's sizes: without it (or --quick) a CPU run is refused
 SIZE_FLAGS = {"kernels": "--seqlens", "decode": "--batches", "model": "--contexts", "hybrid": "--seqlens",
-              "model-quality": "--tokens"}
+              "serving": "--prompts", "model-quality": "--tokens"}
+# subcommands without the kernel timer's options (--baselines, --warmup-ms, --rep-ms)
+UNTIMED = ("serving", "model-quality")
 
 
 def _list_of(convert, accept, what: str):
@@ -60,6 +66,21 @@ def _list_of(convert, accept, what: str):
 _int_list = _list_of(int, lambda v: v > 0, "positive integers")
 _float_list = _list_of(float, lambda v: v > 0, "positive numbers")
 _seed_list = _list_of(int, lambda v: v >= 0, "non-negative integers")
+
+
+def _at_least(minimum: int):
+    """An argparse type: an integer of ``minimum`` or more."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from e
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer of at least {minimum}, got {text!r}")
+        return value
+
+    return parse
 
 
 def _token_count(text: str) -> int:
@@ -112,10 +133,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
     for name, (_, help_text) in BENCHES.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        _common(p, timed=name != "model-quality")
+        _common(p, timed=name not in UNTIMED)
         if name == "kernels":
             p.add_argument(
-                "--grid", choices=("a", "b", "all"), default="all", help="grid (a), (b) or both (docs/design.md)"
+                "--grid",
+                choices=("a", "b", "all", "varlen"),
+                default="all",
+                help="grid (a), (b) or both (docs/design.md); varlen: 65,536 tokens as packed sequences of mixed "
+                "lengths",
             )
             p.add_argument(
                 "--head-dims", type=_int_list, default=None, help="K = V values (default 128; 32 in --quick)"
@@ -146,8 +171,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             p.add_argument("--loss-steps", type=int, default=None, help="training steps of the loss curves")
         elif name == "hybrid":
             p.add_argument("--seqlens", type=_int_list, default=None, help="default 4096,...,65536")
+        elif name == "serving":
+            _serving_arguments(p)
         elif name == "model-quality":
             _model_quality_arguments(p)
+
+
+def _serving_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of ``bench serving`` (lightning_attention/bench/serving.py)."""
+    from lightning_attention.models.presets import ARCHS, PRESETS
+
+    p.add_argument("--batches", type=_int_list, default=None, help="sequences per request: default 1,64 (--quick 1,2)")
+    p.add_argument("--prompts", type=_int_list, default=None,
+                   help="prompt lengths in tokens: default 1024,32768 (--quick 16,64)")
+    p.add_argument("--new-tokens", type=_at_least(2), default=None,
+                   help="tokens generated per sequence, every request exactly this many: default 128 (--quick 8)")
+    p.add_argument("--repeats", type=_at_least(1), default=None,
+                   help="timed prefills and requests per point, the fastest reported (default 3)")
+    p.add_argument("--archs", type=_choices(ARCHS), default=list(ARCHS), help=f"subset of {','.join(ARCHS)}")
+    p.add_argument("--preset", choices=tuple(PRESETS), default=None, help="size of both archs (default 40m; "
+                   "--quick smoke)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the weights and the random prompts")
 
 
 def _model_quality_arguments(p: argparse.ArgumentParser) -> None:

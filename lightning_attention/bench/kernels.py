@@ -1,7 +1,7 @@
 """``lightning-attention bench kernels``: speed, memory, accuracy and cold start of every ``lightning_attn`` provider.
 
 For each head dim and grid (docs/design.md, "Benchmark grids": (a) a 65,536-token budget with batch = 65536 / T,
-(b) batch 1 up to 1M tokens) and each provider (:mod:`.providers`), provider-major so a failing provider fails alone:
+(b) batch 1 up to 1M tokens; and the varlen point, the same budget as packed sequences of mixed lengths) and each provider (:mod:`.providers`), provider-major so a failing provider fails alone:
 
 1. cold start: wall time of the first fwd+bwd call of a new shape class (compile + autotune), for ours and FLA;
 2. two warm-up calls, then fwd and fwd+bwd medians (``triton.testing.do_bench`` on CUDA);
@@ -67,6 +67,9 @@ def measure_case(
     record["tokens"] = shape.tokens
     if provider.max_seqlen is not None and shape.seqlen > provider.max_seqlen:
         record.update(status="skipped", error=f"T > {provider.max_seqlen} is outside this provider's range")
+        return record
+    if shape.lengths is not None and not provider.varlen:
+        record.update(status="skipped", error="takes no packed sequences")
         return record
     fwd_bytes, fwdbwd_bytes = OP.io_bytes(shape)
     flops_fwd, flops_fwdbwd = (provider.flops or OP.flops)(shape)
@@ -298,11 +301,14 @@ def _ok_values(at: dict, seqlens: list[int], key: str) -> list[float]:
 
 def _shape_sets(args) -> list[tuple[int, ShapeSet]]:
     grids = ("a", "b") if args.grid == "all" else (args.grid,)
+    quick = {"a": providers.quick_grid_a, "b": providers.quick_grid_b, "varlen": providers.quick_varlen_grid}
     sets = []
     for dim in args.head_dims:
         for g in grids:
             if args.quick:
-                sets.append((dim, providers.quick_grid_a(dim) if g == "a" else providers.quick_grid_b(dim)))
+                sets.append((dim, quick[g](dim)))
+            elif g == "varlen":
+                sets.append((dim, providers.varlen_grid(dim)))
             elif g == "a":
                 seqlens = args.seqlens or providers.GRID_A_SEQLENS
                 sets.append((dim, providers.grid_a(dim, args.tokens, seqlens=tuple(seqlens))))
@@ -363,7 +369,7 @@ def run(args, device: torch.device, writer: ResultWriter, out: pathlib.Path) -> 
         [
             {
                 "provider": r["provider"],
-                "shape_class": f"{r['dtype']}-K{r['k_dim']}-V{r['v_dim']}",
+                "shape_class": f"{r['dtype']}-K{r['k_dim']}-V{r['v_dim']}{'-varlen' if r.get('lengths') else ''}",
                 "seconds": r["cold_start_s"],
             }
             for r in results
@@ -441,6 +447,8 @@ def report(doc: dict, out: pathlib.Path, writer: ResultWriter | None = None) -> 
         dim = grid["head_dim"]
         if "b-d" in name:
             figures.append(plots.tokens_per_second(rows, labels, out / f"kernels_tokens_per_s_d{dim}.png", title, line))
+        elif "varlen-d" in name:  # one point: its table says it all
+            continue
         else:
             figures.append(plots.kernel_runtime(rows, labels, out / f"kernels_runtime_d{dim}.png", title, line))
             figures.append(plots.kernel_memory(rows, labels, out / f"kernels_memory_d{dim}.png", title, line))

@@ -15,9 +15,12 @@ Providers (all computing the op of docs/design.md, "Semantics", with scale 1 and
 
 Inputs: q, k, v ~ N(0, 1) in the shape's dtype, do ~ N(0, 1), slopes ``tnl_slopes(H, 0, 1)`` = 2^(-8(h+1)/H)
 (from strong, λ ≈ 0.7, to weak, λ ≈ 0.996 at H = 16). Layout conversions happen in ``prepare``, outside the timing.
+Packed sequences (a shape with ``lengths``, the varlen grid) come with their offsets on the device and a host copy,
+``cu_seqlens`` and ``cu_seqlens_cpu`` (int64), which ours, the PyTorch path and FLA all take.
 """
 
 import contextlib
+import itertools
 
 import torch
 
@@ -49,6 +52,9 @@ QUICK_A_SEQLENS = (64, 128, 256)
 QUICK_B_SEQLENS = (128, 512)
 QUICK_HEADS = 2
 QUICK_HEAD_DIM = 32
+# the varlen point: 12 packed sequences from 1 to 16,384 tokens, 65,536 in all (grid (a)'s budget)
+VARLEN_LENGTHS = (12288, 7000, 1, 3100, 16384, 515, 64, 9000, 2048, 130, 8192, 6814)
+QUICK_VARLEN_LENGTHS = (100, 1, 37, 118)
 
 
 def make_inputs(shape: Shape, device: torch.device, seed: int) -> dict:
@@ -59,20 +65,31 @@ def make_inputs(shape: Shape, device: torch.device, seed: int) -> dict:
     def randn(*size):
         return torch.randn(*size, generator=gen, device=device, dtype=shape.dtype)
 
-    return {
+    inputs = {
         "q": randn(B, T, H, shape.k_dim),
         "k": randn(B, T, H, shape.k_dim),
         "v": randn(B, T, H, shape.v_dim),
         "do": randn(B, T, H, shape.v_dim),
         "slope": tnl_slopes(H, 0, 1).to(device),
     }
+    if shape.lengths is not None:
+        offsets = torch.tensor((0, *itertools.accumulate(shape.lengths)), dtype=torch.int64)
+        inputs.update(cu_seqlens=offsets.to(device), cu_seqlens_cpu=offsets)
+    return inputs
+
+
+def packed(inputs: dict) -> dict:
+    """The keyword arguments that pass packed sequences' offsets (none for a shape without ``lengths``)."""
+    return {name: inputs[name] for name in ("cu_seqlens", "cu_seqlens_cpu") if name in inputs}
 
 
 def reference(inputs: dict) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """float64 ``o`` and ``[dq, dk, dv]`` from the same (rounded) inputs, by the chunked reference (O(T) memory)."""
     q, k, v = (inputs[n].detach().to(torch.float64).requires_grad_() for n in ("q", "k", "v"))
     with torch.autocast(device_type=q.device.type, enabled=False):
-        o, _ = naive.chunk_lightning_attn(q, k, v, inputs["slope"].to(torch.float64))
+        o, _ = naive.chunk_lightning_attn(
+            q, k, v, inputs["slope"].to(torch.float64), cu_seqlens=packed(inputs).get("cu_seqlens_cpu")
+        )
     o.backward(inputs["do"].to(torch.float64))
     return o.detach(), [q.grad, k.grad, v.grad]
 
@@ -117,9 +134,9 @@ def _prepare_ours(backward: str, precision: str | None = None):
         from lightning_attention import lightning_attn
 
         q, k, v = _leaves(inputs)
-        slope = inputs["slope"]
+        slope, offsets = inputs["slope"], packed(inputs)
         return Prepared(
-            forward=lambda: lightning_attn(q, k, v, slope, backward=backward)[0],
+            forward=lambda: lightning_attn(q, k, v, slope, backward=backward, **offsets)[0],
             grad_output=inputs["do"],
             leaves=[q, k, v],
             to_library_layout=_same_layout,
@@ -133,11 +150,11 @@ def _prepare_torch(inputs: dict) -> Prepared:
     from lightning_attention import lightning_attn
 
     q, k, v = _leaves(inputs)
-    slope = inputs["slope"]
+    slope, offsets = inputs["slope"], packed(inputs)
 
     def forward():
         with forced_backend("torch"):
-            return lightning_attn(q, k, v, slope)[0]
+            return lightning_attn(q, k, v, slope, **offsets)[0]
 
     return Prepared(forward, inputs["do"], [q, k, v], _same_layout)
 
@@ -151,8 +168,9 @@ def _prepare_fla(inputs: dict) -> Prepared:
 
     q, k, v = _leaves(inputs)
     g_gamma = -inputs["slope"]  # FLA's per-head log decay: λ = exp(g_gamma)
+    offsets = packed(inputs)
     return Prepared(
-        forward=lambda: chunk_simple_gla(q, k, v, g_gamma=g_gamma, scale=1.0)[0],
+        forward=lambda: chunk_simple_gla(q, k, v, g_gamma=g_gamma, scale=1.0, **offsets)[0],
         grad_output=inputs["do"],
         leaves=[q, k, v],
         to_library_layout=_same_layout,
@@ -214,6 +232,7 @@ for _provider in (
         _prepare_ours("chunk"),
         _ours_available,
         cold_start=True,
+        varlen=True,
     ),
     Provider(
         "ours-recompute",
@@ -222,6 +241,7 @@ for _provider in (
         _prepare_ours("recompute"),
         _ours_available,
         cold_start=True,
+        varlen=True,
     ),
     Provider(
         "ours-split",
@@ -230,6 +250,7 @@ for _provider in (
         _prepare_ours("chunk", precision="split"),
         _ours_available,
         cold_start=True,
+        varlen=True,
     ),
     Provider(
         "torch",
@@ -238,8 +259,9 @@ for _provider in (
         _prepare_torch,
         lambda device: None,
         max_seqlen=TORCH_PATH_MAX_SEQLEN,
+        varlen=True,
     ),
-    Provider("fla", "FLA chunk_simple_gla", "baseline", _prepare_fla, _fla_available, cold_start=True),
+    Provider("fla", "FLA chunk_simple_gla", "baseline", _prepare_fla, _fla_available, cold_start=True, varlen=True),
     Provider("official", "official lightning_attn2", "baseline", _prepare_official, _official_available),
     Provider(
         "sdpa",
@@ -278,6 +300,18 @@ def grid_b(head_dim: int, seqlens=GRID_B_SEQLENS, heads=GRID_HEADS, dtype=torch.
     )
 
 
+def varlen_grid(head_dim: int, lengths: tuple[int, ...] = VARLEN_LENGTHS, heads=GRID_HEADS,
+                dtype=torch.bfloat16) -> ShapeSet:  # fmt: skip
+    """The varlen point: packed sequences of mixed lengths in one call (batch 1, ``cu_seqlens``)."""
+    T = sum(lengths)
+    return ShapeSet(
+        f"varlen-d{head_dim}",
+        f"varlen: {len(lengths)} packed sequences of {min(lengths)} to {max(lengths)} tokens, {T} in all, "
+        f"H = {heads}, K = V = {head_dim}, {str(dtype).removeprefix('torch.')}",
+        (Shape(1, T, heads, head_dim, head_dim, dtype, lengths=tuple(lengths)),),
+    )
+
+
 def quick_grid_a(head_dim: int = QUICK_HEAD_DIM) -> ShapeSet:
     s = grid_a(head_dim, QUICK_BUDGET, QUICK_A_SEQLENS, QUICK_HEADS)
     return ShapeSet(f"quick-{s.name}", f"--quick {s.description}", s.shapes)
@@ -285,6 +319,11 @@ def quick_grid_a(head_dim: int = QUICK_HEAD_DIM) -> ShapeSet:
 
 def quick_grid_b(head_dim: int = QUICK_HEAD_DIM) -> ShapeSet:
     s = grid_b(head_dim, QUICK_B_SEQLENS, QUICK_HEADS)
+    return ShapeSet(f"quick-{s.name}", f"--quick {s.description}", s.shapes)
+
+
+def quick_varlen_grid(head_dim: int = QUICK_HEAD_DIM) -> ShapeSet:
+    s = varlen_grid(head_dim, QUICK_VARLEN_LENGTHS, QUICK_HEADS)
     return ShapeSet(f"quick-{s.name}", f"--quick {s.description}", s.shapes)
 
 
@@ -298,5 +337,7 @@ def accuracy_shape(head_dim: int, quick: bool) -> Shape:
 for _dim in (64, 128, 256):
     LIGHTNING_ATTN.register_shape_set(grid_a(_dim))
 LIGHTNING_ATTN.register_shape_set(grid_b(128))
+LIGHTNING_ATTN.register_shape_set(varlen_grid(128))
 LIGHTNING_ATTN.register_shape_set(quick_grid_a())
 LIGHTNING_ATTN.register_shape_set(quick_grid_b())
+LIGHTNING_ATTN.register_shape_set(quick_varlen_grid())

@@ -18,7 +18,11 @@ import torch
 
 @dataclasses.dataclass(frozen=True)
 class Shape:
-    """One benchmark shape: q, k ``[batch, seqlen, heads, k_dim]``, v ``[batch, seqlen, heads, v_dim]``."""
+    """One benchmark shape: q, k ``[batch, seqlen, heads, k_dim]``, v ``[batch, seqlen, heads, v_dim]``.
+
+    ``lengths``: packed sequences of these lengths along T (batch 1, seqlen their sum, ``cu_seqlens`` offsets), for
+    providers that take them (``Provider.varlen``); None: ``batch`` sequences of ``seqlen`` tokens.
+    """
 
     batch: int
     seqlen: int
@@ -26,6 +30,11 @@ class Shape:
     k_dim: int
     v_dim: int
     dtype: torch.dtype
+    lengths: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        if self.lengths is not None and (self.batch != 1 or sum(self.lengths) != self.seqlen):
+            raise ValueError(f"packed lengths need batch 1 and seqlen = their sum, got {self}")
 
     @property
     def tokens(self) -> int:
@@ -33,15 +42,17 @@ class Shape:
 
     @property
     def head_class(self) -> str:
-        """The shape class a kernel compiles for (no T, no batch): dtype and head dims."""
-        return f"{str(self.dtype).removeprefix('torch.')}-K{self.k_dim}-V{self.v_dim}"
+        """The shape class a kernel compiles for (no T, no batch): dtype, head dims and whether sequences are packed."""
+        packed = "-varlen" if self.lengths is not None else ""
+        return f"{str(self.dtype).removeprefix('torch.')}-K{self.k_dim}-V{self.v_dim}{packed}"
 
     def label(self) -> str:
         dtype = str(self.dtype).removeprefix("torch.")
-        return f"B{self.batch}-T{self.seqlen}-H{self.heads}-K{self.k_dim}-V{self.v_dim}-{dtype}"
+        rows = f"N{len(self.lengths)}" if self.lengths is not None else f"B{self.batch}"
+        return f"{rows}-T{self.seqlen}-H{self.heads}-K{self.k_dim}-V{self.v_dim}-{dtype}"
 
     def to_json(self) -> dict:
-        return {
+        doc = {
             "batch": self.batch,
             "seqlen": self.seqlen,
             "heads": self.heads,
@@ -49,6 +60,9 @@ class Shape:
             "v_dim": self.v_dim,
             "dtype": str(self.dtype).removeprefix("torch."),
         }
+        if self.lengths is not None:
+            doc["lengths"] = list(self.lengths)
+        return doc
 
 
 def token_budget_shapes(
@@ -111,6 +125,7 @@ class Provider:
     returns ``None`` when the provider can run on ``device``, else the reason it is skipped. ``max_seqlen`` bounds T
     (SDPA runs up to 128K only). ``computes_op`` is False for a baseline that computes a different function (softmax
     attention): it is timed, but has no accuracy against the op's reference. ``flops`` overrides the op's formula.
+    ``varlen``: it takes packed sequences (a shape with ``lengths``); the others skip such shapes.
     """
 
     name: str
@@ -122,6 +137,7 @@ class Provider:
     computes_op: bool = True
     flops: Callable[[Shape], tuple[float, float]] | None = None
     cold_start: bool = False  # report the first fwd+bwd call of each shape class (compile + autotune)
+    varlen: bool = False
 
 
 @dataclasses.dataclass
