@@ -25,7 +25,7 @@
 # sweep       pinned configurations of one shape, checked against float64 ($SWEEP_SHAPE,
 #             $SWEEP_CONFIGS: the autotuner's candidates by default)                        300
 # cold_start  first call of each dtype x head dim x (forward, fwd+bwd), each in its own process
-#             from an empty Triton cache, 4 at once                                          420
+#             from an empty Triton cache, 4 at once                            $COLD_START_S or 420
 # ncu         Nsight Compute over one call per shape ($NCU_SHAPES), then its text pages      420 + 440
 # guard       this package against the one in .old/, alternating, 3 runs each ($GUARD_REPS,
 #             $GUARD_OLD_COMMIT / $GUARD_NEW_COMMIT label the packages in guard.md)           560
@@ -108,7 +108,7 @@ for stage in ${stages//,/ }; do
                    ${SWEEP_CONFIGS:+--configs "$SWEEP_CONFIGS"} --check --out "$res/chunk_sweep.json" ;;
         # every cell sets its own empty TRITON_CACHE_DIR: the cache unpacked above serves none of them; the cells write
         # their JSON and table as they finish, and a cell past 240 s is recorded as timed out within the limit
-        cold_start) run cold_start 420 python3 benchmarks/cold_start.py --parallel 4 --timeout-s 240 \
+        cold_start) run cold_start "${COLD_START_S:-420}" python3 benchmarks/cold_start.py --parallel 4 --timeout-s 240 \
                         --out "$res/cold_start" ;;
         # the report (gzipped) comes back beside results.tgz when it fits the 16 MiB a returned file may have
         ncu) ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -n 1)

@@ -5,6 +5,8 @@ Every result is compared with float64 from the same rounded inputs (docs/design.
 they belong to the benchmark (lightning_attention.bench.decode_timing).
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -182,6 +184,43 @@ def _graph_case():
     return B, H, K, V, P, steps, slope, qs, ks, vs, idx, pool0
 
 
+@dataclasses.dataclass
+class _StaticStep:
+    """A step with ``out=`` on static buffers, as a CUDA graph captures it: q, k, v (step 0's, overwritten before each
+    replay), the slot indices, a copy of the case's pool and the output buffer."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    idx: torch.Tensor
+    pool: torch.Tensor
+    out: torch.Tensor
+    slope: torch.Tensor
+
+    @classmethod
+    def of(cls, qs, ks, vs, idx, pool0, slope) -> "_StaticStep":
+        out = torch.empty(*qs.shape[1:3], vs.shape[-1], device=DEV, dtype=qs.dtype)
+        return cls(qs[0].clone(), ks[0].clone(), vs[0].clone(), idx.clone(), pool0.clone(), out, slope)
+
+    def __call__(self) -> None:
+        la.lightning_attn_decode(self.q, self.k, self.v, self.pool, self.slope, state_indices=self.idx, out=self.out)
+
+    def warm_up(self, times: int) -> None:
+        """Run ``times`` steps on a side stream (the first compiles the kernel), as capture requires."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(times):
+                self()
+        torch.cuda.current_stream().wait_stream(stream)
+
+    def replay(self, graph: torch.cuda.CUDAGraph, q, k, v) -> None:
+        """Copy one step's inputs into the static buffers and replay ``graph``."""
+        for static, x in zip((self.q, self.k, self.v), (q, k, v), strict=True):
+            static.copy_(x)
+        graph.replay()
+
+
 def test_cuda_graph_capture_and_replay_match_eager():
     """A step with out= captured once and replayed for 6 tokens equals eager steps (bitwise: same kernel, same
     inputs) and float64; the pool rows advance in place, padding stays zero."""
@@ -191,19 +230,9 @@ def test_cuda_graph_capture_and_replay_match_eager():
     pool_eager = pool0.clone()
     eager = [la.lightning_attn_decode(qs[t], ks[t], vs[t], pool_eager, slope, state_indices=idx) for t in range(steps)]
 
-    static_q, static_k, static_v = qs[0].clone(), ks[0].clone(), vs[0].clone()
-    static_idx = idx.clone()
-    pool = pool0.clone()
-    out = torch.empty(B, H, V, device=DEV, dtype=dtype)
-
-    def step():
-        la.lightning_attn_decode(static_q, static_k, static_v, pool, slope, state_indices=static_idx, out=out)
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()  # warm-up (compiles the kernel); it moves the pool, which is reset below
-    torch.cuda.current_stream().wait_stream(stream)
+    step = _StaticStep.of(qs, ks, vs, idx, pool0, slope)
+    pool, out = step.pool, step.out
+    step.warm_up(1)  # it moves the pool, which is reset below
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
@@ -213,10 +242,7 @@ def test_cuda_graph_capture_and_replay_match_eager():
     live = (idx >= 0).nonzero().squeeze(1)
     rows = idx[live].long()
     for t in range(steps):
-        static_q.copy_(qs[t])
-        static_k.copy_(ks[t])
-        static_v.copy_(vs[t])
-        graph.replay()
+        step.replay(graph, qs[t], ks[t], vs[t])
         assert torch.equal(out, eager[t]), f"graph replay differs from eager at step {t}"
         o_ref, s_rows = step_reference(qs[t][live], ks[t][live], vs[t][live], s_ref[rows], slope, 1.0)
         s_ref[rows] = s_rows
@@ -330,8 +356,6 @@ def test_cuda_graph_captures_the_fast_path(warmup, launch_cache, monkeypatch):
     (Triton, verification, direct) it is the direct launch, on the capture stream. Either way replays equal steps
     launched through Triton, bitwise."""
     B, H, K, V, P, steps, slope, qs, ks, vs, idx, pool0 = _graph_case()
-    dtype = qs.dtype
-
     pool_triton = pool0.clone()
     with monkeypatch.context() as m:
         _tritons_launch_only(m)
@@ -339,20 +363,10 @@ def test_cuda_graph_captures_the_fast_path(warmup, launch_cache, monkeypatch):
             la.lightning_attn_decode(qs[t], ks[t], vs[t], pool_triton, slope, state_indices=idx) for t in range(steps)
         ]
 
-    static_q, static_k, static_v = qs[0].clone(), ks[0].clone(), vs[0].clone()
-    pool = pool0.clone()
-    out = torch.empty(B, H, V, device=DEV, dtype=dtype)
-
-    def step():
-        la.lightning_attn_decode(static_q, static_k, static_v, pool, slope, state_indices=idx, out=out)
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(warmup):
-            step()
-    torch.cuda.current_stream().wait_stream(stream)
-    entry = _entry(launch_cache, static_q, static_k, static_v, pool, slope, idx, out)
+    step = _StaticStep.of(qs, ks, vs, idx, pool0, slope)
+    pool, out = step.pool, step.out
+    step.warm_up(warmup)
+    entry = _entry(launch_cache, step.q, step.k, step.v, pool, slope, step.idx, out)
     assert (entry.launcher is not None) == (warmup == 3)
     streams = _count_calls(entry) if warmup == 3 else None
     graph = torch.cuda.CUDAGraph()
@@ -364,10 +378,7 @@ def test_cuda_graph_captures_the_fast_path(warmup, launch_cache, monkeypatch):
         assert streams == [capture_stream], "the captured step must be the direct launch, on the capture stream"
     pool.copy_(pool0)
     for t in range(steps):
-        static_q.copy_(qs[t])
-        static_k.copy_(ks[t])
-        static_v.copy_(vs[t])
-        graph.replay()
+        step.replay(graph, qs[t], ks[t], vs[t])
         assert torch.equal(out, eager[t]), f"replay differs from Triton's launch at step {t}"
     if streams is not None:
         assert len(streams) == 1, "replays do not go through Python"
