@@ -170,7 +170,18 @@ class TransNormerModel(TransNormerPreTrainedModel):
         self.final_norm = SRMSNorm(config.decoder_embed_dim, eps=config.norm_eps)
         self.embed_scale = 1.0 if config.no_scale_embedding else math.sqrt(config.decoder_embed_dim)
         self.has_softmax_layers = any(layer.is_softmax for layer in self.layers)
+        self.sequence_parallel = sequence_parallel_group is not None
         self.post_init()
+
+    def inference_piece(self, T: int, cu_seqlens, output_hidden_states) -> int:
+        """Tokens per piece of a forward over ``T`` tokens (``config.inference_piece_size``), or 0 for one piece: only
+        without autograd (inference keeps no activations across pieces; training would keep them all anyway), and
+        never for packed sequences, per-layer hidden states, hybrid models (their softmax layers see the whole
+        prompt's keys at once) or sequence parallelism (each rank holds a slice already)."""
+        piece = self.config.inference_piece_size
+        if not piece or T <= piece or torch.is_grad_enabled() or cu_seqlens is not None or output_hidden_states:
+            return 0
+        return 0 if self.has_softmax_layers or self.sequence_parallel else piece
 
     def forward(
         self,
@@ -206,6 +217,11 @@ class TransNormerModel(TransNormerPreTrainedModel):
         cache = past_key_values if cache is None else cache
         if cache is not None and not isinstance(cache, TransNormerCache):
             raise TypeError(f"cache must be a TransNormerCache (the model creates one), got {type(cache).__name__}")
+        T_in = (input_ids if inputs_embeds is None else inputs_embeds).shape[1]
+        if piece := self.inference_piece(T_in, cu_seqlens, output_hidden_states):
+            return self._forward_in_pieces(
+                piece, input_ids, inputs_embeds, attention_mask, position_ids, cache, use_cache
+            )
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         x = apply_dropout(x * self.embed_scale, self.config.dropout, self.training)
         B, T, _ = x.shape
@@ -244,6 +260,34 @@ class TransNormerModel(TransNormerPreTrainedModel):
             last_hidden_state=x,
             hidden_states=tuple(hidden_states) if hidden_states is not None else None,
             **{CACHE_FIELD: cache if use_cache or given_cache else None},
+        )
+
+    def _forward_in_pieces(self, piece, input_ids, inputs_embeds, attention_mask, position_ids, cache, use_cache):
+        """:meth:`forward` over consecutive pieces of ``piece`` tokens, each continuing from the cache the previous
+        one filled (a new one if none was given), the outputs ``[B, piece, d]`` concatenated: the recurrence of a
+        lightning layer carries everything a later token needs across the cut."""
+        x = input_ids if inputs_embeds is None else inputs_embeds
+        T = x.shape[1]
+        work = cache if cache is not None else TransNormerCache(self.config)
+        outputs = []
+        for start in range(0, T, piece):
+            end = min(start + piece, T)
+            # attention_mask is [B, past + T] as generate() passes it: a piece sees the columns up to its last token
+            mask = None if attention_mask is None else attention_mask[:, : attention_mask.shape[1] - T + end]
+            out = self.forward(
+                input_ids=None if input_ids is None else input_ids[:, start:end],
+                inputs_embeds=None if inputs_embeds is None else inputs_embeds[:, start:end],
+                attention_mask=mask,
+                position_ids=None if position_ids is None else position_ids[..., start:end],
+                cache=work,
+                use_cache=True,
+            )
+            outputs.append(out.last_hidden_state)
+        if use_cache is None:
+            use_cache = bool(getattr(self.config, "use_cache", True)) and not self.training
+        return BaseModelOutputWithPast(
+            last_hidden_state=torch.cat(outputs, dim=1),
+            **{CACHE_FIELD: work if use_cache or cache is not None else None},
         )
 
 
