@@ -30,10 +30,11 @@ class TransNormerConfig(PretrainedConfig):
         softmax_rotary_fraction: fraction of a softmax head's channels RoPE rotates (MiniMax-01: 0.5).
         rope_theta: RoPE base of the softmax layers (MiniMax-01: 1e7).
         tie_word_embeddings: share the input embedding with the LM head (released: False).
-        inference_piece_size: a forward without autograd over more tokens than this (a long prompt) runs them through
-            the model in pieces of this many tokens, each continuing from the cache the previous one filled: the same
-            result, with activation memory bounded by the piece instead of the prompt (0: one piece; hybrid models,
-            packed sequences and sequence parallelism always run one piece).
+        inference_piece_tokens: a forward without autograd over more tokens than this (a long prompt, or a batch of
+            them) runs through the model in pieces of at most this many tokens over the batch (``B × length``, the
+            length a multiple of 64), each continuing from the cache the previous one filled: the same result, with
+            activation memory bounded by the piece instead of the prompt (0: one piece; hybrid models, packed
+            sequences and sequence parallelism always run one piece).
     Training options (off by default; the released code has none of them):
         dropout: dropout on the embedding output and on the output of every residual branch (token mixer, channel
             mixer) in training mode, as fairseq's Transformer (the paper's baseline) applies it; 0 = none.
@@ -80,7 +81,7 @@ class TransNormerConfig(PretrainedConfig):
         scale_residual_init: bool = True,
         lrpe_float32: bool = False,
         learn_decay: bool = False,
-        inference_piece_size: int = 16384,
+        inference_piece_tokens: int = 65536,
         pad_token_id: int | None = None,
         bos_token_id: int | None = None,
         eos_token_id: int | None = None,
@@ -111,7 +112,7 @@ class TransNormerConfig(PretrainedConfig):
         self.scale_residual_init = bool(scale_residual_init)
         self.lrpe_float32 = bool(lrpe_float32)
         self.learn_decay = bool(learn_decay)
-        self.inference_piece_size = int(inference_piece_size)
+        self.inference_piece_tokens = int(inference_piece_tokens)
         self.use_cache = use_cache
         # through the base class: transformers 4.x's constructor would reset them to its own defaults
         super().__init__(tie_word_embeddings=tie_word_embeddings, pad_token_id=pad_token_id, bos_token_id=bos_token_id,
@@ -140,8 +141,8 @@ class TransNormerConfig(PretrainedConfig):
             raise ValueError(f"decay_recipe must be 'tnl' or 'paper', got {self.decay_recipe!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.inference_piece_size < 0:
-            raise ValueError(f"inference_piece_size must be >= 0, got {self.inference_piece_size}")
+        if self.inference_piece_tokens < 0:
+            raise ValueError(f"inference_piece_tokens must be >= 0, got {self.inference_piece_tokens}")
         if self.softmax_attention_every < 0:
             raise ValueError(f"softmax_attention_every must be >= 0, got {self.softmax_attention_every}")
 

@@ -48,6 +48,8 @@ from lightning_attention.nn.srmsnorm import RMSNorm, SRMSNorm
 from lightning_attention.nn.tnl_attention import TNLAttention
 
 IGNORE_INDEX = -100
+# a piece of a long inference forward is a whole number of the kernels' chunks (64 tokens) per sequence
+PIECE_ALIGN = 64
 
 
 def apply_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -173,15 +175,19 @@ class TransNormerModel(TransNormerPreTrainedModel):
         self.sequence_parallel = sequence_parallel_group is not None
         self.post_init()
 
-    def inference_piece(self, T: int, cu_seqlens, output_hidden_states) -> int:
-        """Tokens per piece of a forward over ``T`` tokens (``config.inference_piece_size``), or 0 for one piece: only
-        without autograd (inference keeps no activations across pieces; training would keep them all anyway), and
-        never for packed sequences, per-layer hidden states, hybrid models (their softmax layers see the whole
-        prompt's keys at once) or sequence parallelism (each rank holds a slice already)."""
-        piece = self.config.inference_piece_size
-        if not piece or T <= piece or torch.is_grad_enabled() or cu_seqlens is not None or output_hidden_states:
+    def inference_piece(self, B: int, T: int, cu_seqlens, output_hidden_states) -> int:
+        """Tokens per sequence of each piece of a forward over ``[B, T]`` (``config.inference_piece_tokens`` over the
+        batch, a multiple of :data:`PIECE_ALIGN`), or 0 for one piece: only without autograd (inference keeps no
+        activations across pieces; training would keep them all anyway), and never for packed sequences, per-layer
+        hidden states, hybrid models (their softmax layers see the whole prompt's keys at once) or sequence
+        parallelism (each rank holds a slice already)."""
+        budget = self.config.inference_piece_tokens
+        if not budget or B * T <= budget or torch.is_grad_enabled() or cu_seqlens is not None:
             return 0
-        return 0 if self.has_softmax_layers or self.sequence_parallel else piece
+        if output_hidden_states or self.has_softmax_layers or self.sequence_parallel:
+            return 0
+        piece = max(PIECE_ALIGN, budget // B // PIECE_ALIGN * PIECE_ALIGN)
+        return piece if piece < T else 0
 
     def forward(
         self,
@@ -217,8 +223,8 @@ class TransNormerModel(TransNormerPreTrainedModel):
         cache = past_key_values if cache is None else cache
         if cache is not None and not isinstance(cache, TransNormerCache):
             raise TypeError(f"cache must be a TransNormerCache (the model creates one), got {type(cache).__name__}")
-        T_in = (input_ids if inputs_embeds is None else inputs_embeds).shape[1]
-        if piece := self.inference_piece(T_in, cu_seqlens, output_hidden_states):
+        B_in, T_in = (input_ids if inputs_embeds is None else inputs_embeds).shape[:2]
+        if piece := self.inference_piece(B_in, T_in, cu_seqlens, output_hidden_states):
             return self._forward_in_pieces(
                 piece, input_ids, inputs_embeds, attention_mask, position_ids, cache, use_cache
             )
@@ -269,6 +275,10 @@ class TransNormerModel(TransNormerPreTrainedModel):
         x = input_ids if inputs_embeds is None else inputs_embeds
         T = x.shape[1]
         work = cache if cache is not None else TransNormerCache(self.config)
+        if attention_mask is not None and bool(attention_mask[:, -T:].all()):
+            # no padding among the new tokens (what a lightning layer reads of the mask): one host sync here instead
+            # of one per piece
+            attention_mask = None
         outputs = []
         for start in range(0, T, piece):
             end = min(start + piece, T)
