@@ -56,7 +56,7 @@ def _run_unit(unit) -> dict:
 
 @pytest.fixture(scope="module")
 def unit_results(request) -> dict:
-    """The result of every unit this session selected, run once for the module, a process per spare CPU core."""
+    """The result of every unit this pytest run selected, run once for the module, a process per spare CPU core."""
     selected = [item.callspec.params["unit"] for item in request.session.items
                 if item.module.__name__ == __name__ and hasattr(item, "callspec")]  # fmt: skip
     workers = max(1, min(len(selected), (os.cpu_count() or 2) - 2))
