@@ -9,7 +9,8 @@ final states, TNL decay):
   forward walk and the dq, dk and dv walks run with ``c``.
 - ``prepass``: the segment pre-pass's candidates (``state_only=True``); segments of 256 tokens, so the pre-pass runs
   with ``c`` (and the scan and the segment-reading walks beside it).
-- ``dkdv``: the fused dk/dv walk's candidates (``configs.dkdv_candidates``), where it applies; whole sequences with
+- ``dkdv``: the fused dk/dv walk's candidates (``configs.dkdv_candidates``) where the plan takes the walk
+  (``plan.use_fused_dkdv``: padded head dims up to 128, not under the split precision); whole sequences with
   ``fused_dkdv`` on.
 
 A pin replaces the tuning space, and the unit first checks that the selector keeps ``c`` as given (so the launch ran
@@ -35,14 +36,8 @@ import torch
 
 import lightning_attention as la
 from lightning_attention import settings
-from lightning_attention.ops.lightning import naive, plan
-from lightning_attention.ops.lightning.device import device_info
-from lightning_attention.ops.lightning.kernels.configs import (
-    dkdv_candidates,
-    state_operand_bytes,
-    use_dkdv_walk,
-    walk_candidates,
-)
+from lightning_attention.ops.lightning import naive, plan, run
+from lightning_attention.ops.lightning.kernels.configs import dkdv_candidates, state_operand_bytes, walk_candidates
 from lightning_attention.utils.testing import relative_error, tolerance
 from tests import conftest  # the NaN-filling allocators (switched on in main)
 
@@ -63,38 +58,33 @@ def dkdv_shape(config, dv: int) -> tuple[int, int, int, int]:
     return (config.kwargs["BT"], dv, config.num_warps, config.num_stages)
 
 
-def candidates(family: str, dtype: torch.dtype, D: int, state_bytes: int, limit: int | None, tma: bool,
-               pin: tuple[int, int, int, int] | None = None) -> list[tuple[int, int, int, int]]:  # fmt: skip
-    """The configurations ``family`` may run at head dims K = V = ``D`` on a device with ``limit`` bytes of shared
-    memory per block (as pins), best first; ``pin``: what the selector makes of that pin."""
-    elem = torch.empty((), dtype=dtype).element_size()
-    if family == "dkdv":
-        if not use_dkdv_walk(D, D, elem, state_bytes, limit):
-            return []
-        return [dkdv_shape(c, D) for c in dkdv_candidates(D, D, elem, state_bytes, limit, 0, pin)]
-    found = walk_candidates(D, D, elem, limit, state_only=family == "prepass", tma=tma, state_bytes=state_bytes,
-                            pin=pin)  # fmt: skip
-    return [shape_of(c) for c in found]
-
-
 def unit_candidates(
     family: str, dtype: torch.dtype, D: int, tma_setting: bool, precision: str, device: torch.device
 ) -> list[tuple[int, int, int, int]]:
-    """The configurations of one unit on ``device`` (a CUDA device, or the CPU for the interpreter) under the settings
-    its runs use, and under the current pin if one is set: what the test expects a unit to run."""
-    with settings.override(**unit_settings(tma_setting, precision)):
-        current = settings.current()
-        state_bytes = state_operand_bytes(plan.precisions(dtype, current)[1])
-        info = device_info(device)
-        p = current.kernel_config
-        pin = None if p is None else (p.BT, p.BV, p.num_warps, p.num_stages)
-        return candidates(family, dtype, D, state_bytes, info.shared_per_block, plan.tma_enabled(info, current), pin)
+    """The configurations (as pins, best first) of one unit on ``device`` (a CUDA device, or the CPU for the
+    interpreter), as the plan decides them for a call with the settings its runs use, under the current pin if one
+    is set: what the test expects a unit to run. Nothing for the fused dk/dv walk where the plan does not take it (head
+    dims over 128, the split precision)."""
+    with settings.override(**unit_settings(family, tma_setting, precision)):
+        q = torch.empty(1, 1, 1, D, dtype=dtype, device=device)
+        problem = run.problem_of(q, q, q, None, None, None, None, 1.0, False, 0)
+        limit, state_bytes = problem.device.shared_per_block, state_operand_bytes(plan.inter_precision(problem))
+        if family == "dkdv":
+            if not plan.use_fused_dkdv(problem, D, D):
+                return []
+            found = dkdv_candidates(D, D, q.element_size(), state_bytes, limit, 0, plan.pin(problem))
+            return [dkdv_shape(c, D) for c in found]
+        found = walk_candidates(
+            D, D, q.element_size(), limit, state_only=family == "prepass",
+            tma=plan.tma_enabled(problem.device, problem.settings), state_bytes=state_bytes, pin=plan.pin(problem),
+        )  # fmt: skip
+        return [shape_of(c) for c in found]
 
 
-def unit_settings(tma_setting: bool, precision: str) -> dict:
+def unit_settings(family: str, tma_setting: bool, precision: str) -> dict:
     """The settings every run of a unit shares: the Triton kernels, the unit's precision and descriptor setting, the
-    two-warpgroup walk off."""
-    return dict(backend="triton", precision=precision, tma=tma_setting, gluon=False)
+    two-warpgroup walk off, and the fused dk/dv walk on for its family."""
+    return dict(backend="triton", precision=precision, tma=tma_setting, gluon=False, fused_dkdv=family == "dkdv")
 
 
 def inputs(B: int, T: int, H: int, D: int, dtype: torch.dtype, device: torch.device):
@@ -132,7 +122,7 @@ def main(argv=None) -> int:
     B, T, H = (int(x) for x in args.shape.split("x"))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype, D = DTYPES[args.dtype], args.head_dim
-    base = unit_settings(bool(args.tma), args.precision)
+    base = unit_settings(args.family, bool(args.tma), args.precision)
     pins = unit_candidates(args.family, dtype, D, bool(args.tma), args.precision, device)
     print("CANDIDATES " + json.dumps(pins), flush=True)
     slope = la.tnl_slopes(H, 0, 2).to(device, torch.float32)
@@ -140,22 +130,22 @@ def main(argv=None) -> int:
     reference = forward_backward(*data, slope, reference=True)
     conftest._POISON_ACTIVE[0] = True  # outputs the library allocates start as NaN from here on
     for pin in pins:
-        changes = dict(kernel_config=settings.KernelPin(*pin), fused_dkdv=args.family == "dkdv",
-                       segment_len=SEGMENT_LEN if args.family == "prepass" else 0)  # fmt: skip
+        segment_len = SEGMENT_LEN if args.family == "prepass" else 0
+        changes = dict(kernel_config=settings.KernelPin(*pin), segment_len=segment_len)
         with settings.override(**base, **changes):
             # the selector keeps a pin that fits as given: the launch ran this configuration, not a fallback
             kept = unit_candidates(args.family, dtype, D, bool(args.tma), args.precision, device)
-        run = {"config": pin, "pinned_as_given": kept == [pin]}
+        record = {"config": pin, "pinned_as_given": kept == [pin]}
         try:
             with settings.override(**base, **changes):
                 got = forward_backward(*data, slope)
             errors = {name: relative_error(a, b) for name, a, b in zip(OUTPUTS, got, reference, strict=True)}
             finite = all(bool(torch.isfinite(a).all()) for a in got)
-            run.update(errors=errors, finite=finite,
+            record.update(errors=errors, finite=finite,
                        ok=finite and all(e <= tolerance(dtype) for e in errors.values()))  # fmt: skip
         except Exception as e:  # noqa: BLE001 - a compile or launch error of this configuration: the next one runs
-            run.update(error=f"{type(e).__name__}: {str(e)[:400]}", ok=False)
-        print("RUN " + json.dumps(run), flush=True)
+            record.update(error=f"{type(e).__name__}: {str(e)[:400]}", ok=False)
+        print("RUN " + json.dumps(record), flush=True)
     return 0
 
 

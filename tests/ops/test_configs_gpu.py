@@ -31,9 +31,11 @@ PRECISIONS = (("float32", "input"), ("bfloat16", "input"), ("bfloat16", "split")
               ("float16", "split"))  # fmt: skip
 HEAD_DIMS = (256, 128, 64)
 # a unit of float32 compiles 10-40 s per kernel (ieee products unrolled): the slowest units start first
-# (the fused dk/dv walk holds the whole state: not above DKDV_MAX_DIM)
+# the fused dk/dv walk only where the plan can take it (plan.use_fused_dkdv): it holds the whole state (not above
+# DKDV_MAX_DIM) and has no split products
 UNITS = [(family, dtype, precision, D, tma) for dtype, precision in PRECISIONS for D in HEAD_DIMS
-         for tma in (1, 0) for family in FAMILIES if family != "dkdv" or D <= DKDV_MAX_DIM]  # fmt: skip
+         for tma in (1, 0) for family in FAMILIES
+         if family != "dkdv" or (D <= DKDV_MAX_DIM and precision == "input")]  # fmt: skip
 UNIT_TIMEOUT_S = 540
 
 
