@@ -30,6 +30,12 @@ def relative_error(actual: torch.Tensor, reference: torch.Tensor) -> float:
     return num / den
 
 
+def error_over_rounding_floor(actual: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype) -> float:
+    """:func:`relative_error` of ``actual`` over that of ``reference`` merely rounded to ``dtype``: 1.0 is the
+    smallest error a result returned in ``dtype`` can have (docs/design.md, "Precision")."""
+    return relative_error(actual, reference) / relative_error(reference.to(dtype), reference)
+
+
 def assert_close(name: str, actual: torch.Tensor, reference: torch.Tensor, tol: float | torch.dtype) -> float:
     """Asserts shapes match, ``actual`` has no NaN/inf, and relative L2 error <= ``tol``; returns the error.
 
