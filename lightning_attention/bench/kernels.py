@@ -1,7 +1,8 @@
 """``lightning-attention bench kernels``: speed, memory, accuracy and cold start of every ``lightning_attn`` provider.
 
 For each head dim and grid (docs/design.md, "Benchmark grids": (a) a 65,536-token budget with batch = 65536 / T,
-(b) batch 1 up to 1M tokens; and the varlen point, the same budget as packed sequences of mixed lengths) and each provider (:mod:`.providers`), provider-major so a failing provider fails alone:
+(b) batch 1 up to 1M tokens; and the varlen point, the same budget as packed sequences of mixed lengths) and each
+provider (:mod:`.providers`), provider-major so a failing provider fails alone:
 
 1. cold start: wall time of the first fwd+bwd call of a new shape class (compile + autotune), for ours and FLA;
 2. two warm-up calls, then fwd and fwd+bwd medians (``triton.testing.do_bench`` on CUDA);
@@ -19,7 +20,7 @@ import torch
 
 from lightning_attention.bench import metrics, providers
 from lightning_attention.bench.progress import progress, write
-from lightning_attention.bench.registry import Provider, Shape, ShapeSet
+from lightning_attention.bench.registry import Provider, Shape, ShapeSet, head_class_of
 from lightning_attention.bench.results import ResultWriter, fmt, format_table, load_plots
 from lightning_attention.bench.timing import (
     bench,
@@ -369,7 +370,7 @@ def run(args, device: torch.device, writer: ResultWriter, out: pathlib.Path) -> 
         [
             {
                 "provider": r["provider"],
-                "shape_class": f"{r['dtype']}-K{r['k_dim']}-V{r['v_dim']}{'-varlen' if r.get('lengths') else ''}",
+                "shape_class": head_class_of(r),
                 "seconds": r["cold_start_s"],
             }
             for r in results

@@ -43,8 +43,7 @@ class Shape:
     @property
     def head_class(self) -> str:
         """The shape class a kernel compiles for (no T, no batch): dtype, head dims and whether sequences are packed."""
-        packed = "-varlen" if self.lengths is not None else ""
-        return f"{str(self.dtype).removeprefix('torch.')}-K{self.k_dim}-V{self.v_dim}{packed}"
+        return head_class_of(self.to_json())
 
     def label(self) -> str:
         dtype = str(self.dtype).removeprefix("torch.")
@@ -63,6 +62,12 @@ class Shape:
         if self.lengths is not None:
             doc["lengths"] = list(self.lengths)
         return doc
+
+
+def head_class_of(record: dict) -> str:
+    """:attr:`Shape.head_class` of a shape's JSON fields (:meth:`Shape.to_json`, or a result record holding them)."""
+    packed = "-varlen" if record.get("lengths") else ""
+    return f"{record['dtype']}-K{record['k_dim']}-V{record['v_dim']}{packed}"
 
 
 def token_budget_shapes(

@@ -22,6 +22,7 @@ import sys
 
 from lightning_attention.bench import targets as targets_
 from lightning_attention.bench.providers import GRID_B_SEQLENS
+from lightning_attention.bench.registry import head_class_of
 from lightning_attention.bench.results import md_table, num, sci, times
 from lightning_attention.bench.run_folder import (
     GRAPH,
@@ -190,7 +191,7 @@ def cold_section(kern: Kernels) -> list[str]:
     cold = [r for r in kern.rows.values() if r.get("cold_start_s") is not None]
     if not cold:
         return []
-    rows = [[PROVIDERS.get(r["provider"], r["provider"]), f"{r['dtype']}-K{r['k_dim']}-V{r['v_dim']}", r["grid"],
+    rows = [[PROVIDERS.get(r["provider"], r["provider"]), head_class_of(r), r["grid"],
              str(r["seqlen"]), f"{r['cold_start_s']:.1f}", r["doc"]] for r in cold]
     worst = {}
     for r in cold:
