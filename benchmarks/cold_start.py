@@ -130,7 +130,8 @@ def measure_cell(spec: dict, timeout_s: float) -> dict:
     cache_dir = tempfile.mkdtemp(prefix="cold_start_triton_")
     cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)]
     t0 = time.perf_counter()
-    # its own session: a timeout kills the whole group, the compiler processes Triton started included
+    # a process group of its own (start_new_session): a timeout kills the whole group, Triton's compiler processes
+    # included
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=cell_environment(spec["device"], cache_dir), start_new_session=True)  # fmt: skip
     try:
