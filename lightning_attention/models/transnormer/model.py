@@ -223,6 +223,8 @@ class TransNormerModel(TransNormerPreTrainedModel):
         cache = past_key_values if cache is None else cache
         if cache is not None and not isinstance(cache, TransNormerCache):
             raise TypeError(f"cache must be a TransNormerCache (the model creates one), got {type(cache).__name__}")
+        if use_cache is None:
+            use_cache = bool(getattr(self.config, "use_cache", True)) and not self.training
         B_in, T_in = (input_ids if inputs_embeds is None else inputs_embeds).shape[:2]
         if piece := self.inference_piece(B_in, T_in, cu_seqlens, output_hidden_states):
             return self._forward_in_pieces(
@@ -231,8 +233,6 @@ class TransNormerModel(TransNormerPreTrainedModel):
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         x = apply_dropout(x * self.embed_scale, self.config.dropout, self.training)
         B, T, _ = x.shape
-        if use_cache is None:
-            use_cache = bool(getattr(self.config, "use_cache", True)) and not self.training
         given_cache = cache is not None
         if cache is None and use_cache:
             cache = TransNormerCache(self.config)
@@ -293,8 +293,6 @@ class TransNormerModel(TransNormerPreTrainedModel):
                 use_cache=True,
             )
             outputs.append(out.last_hidden_state)
-        if use_cache is None:
-            use_cache = bool(getattr(self.config, "use_cache", True)) and not self.training
         return BaseModelOutputWithPast(
             last_hidden_state=torch.cat(outputs, dim=1),
             **{CACHE_FIELD: work if use_cache or cache is not None else None},
