@@ -13,6 +13,7 @@ import torch
 import lightning_attention as la
 from lightning_attention.ops.lightning import naive
 from lightning_attention.ops.lightning import decode_triton
+from lightning_attention.ops.lightning.decode_validation import check_decode_inputs
 from lightning_attention.ops.lightning.launch import Launcher
 from lightning_attention.utils.testing import assert_close
 from tests.ops.test_decode import fresh_dynamo_rules  # noqa: F401, F811 (a fixture)
@@ -302,8 +303,9 @@ DIRECT_CASES = [
 
 def test_direct_launch_matches_tritons_launch_and_float64(launch_cache, monkeypatch):
     """Each case, 5 steps: step 1 launches through Triton, step 2 through Triton with the recorder (verification),
-    steps 3-5 directly. Every step equals the same step launched through JITFunction.run (bitwise: same compiled
-    kernel, same arguments) and float64; a view off 16-byte alignment gets its own compiled kernel."""
+    steps 3-5 directly, through the bound launch the step's structure keeps. Every step equals the same step launched
+    through JITFunction.run (bitwise: same compiled kernel, same arguments) and float64; a view off 16-byte alignment
+    gets its own compiled kernel."""
     B, H, K, V, P, steps = 8, 16, 128, 128, 12, 5
     compiled = {}
     for name, dtype, has_slope, has_idx, unaligned in DIRECT_CASES:
@@ -313,16 +315,20 @@ def test_direct_launch_matches_tritons_launch_and_float64(launch_cache, monkeypa
         pool, pool_triton, s_ref = pool0.clone(), pool0.clone(), pool0.double()
         rows = torch.arange(B, device=DEV) if idx is None else idx.long()
         live = rows >= 0
+        steps_in = []
         for t in range(steps):
             q, k = (randn(B, H, K, dtype=dtype, seed=10 * t + s) for s in (1, 2))
             v = randn(B, H, V, dtype=dtype, seed=10 * t + 3)
             out, o_triton = (torch.full((B, H, V), float("nan"), device=DEV, dtype=dtype) for _ in range(2))
             if unaligned:  # the twin gets the same alignment: the same specialisation, so bitwise equal results
                 q, k, v, out, o_triton = (_offset_view(x) for x in (q, k, v, out, o_triton))
-            la.lightning_attn_decode(q, k, v, pool, slope, scale=0.5, state_indices=idx, out=out)
-            with monkeypatch.context() as m:
-                _tritons_launch_only(m)
+            steps_in.append((q, k, v, out, o_triton))
+        with monkeypatch.context() as m:  # the twin's steps first: the step's own launcher stays in place for its 5
+            _tritons_launch_only(m)
+            for q, k, v, _, o_triton in steps_in:
                 la.lightning_attn_decode(q, k, v, pool_triton, slope, scale=0.5, state_indices=idx, out=o_triton)
+        for t, (q, k, v, out, o_triton) in enumerate(steps_in):
+            la.lightning_attn_decode(q, k, v, pool, slope, scale=0.5, state_indices=idx, out=out)
             assert torch.equal(out, o_triton), f"{name}: step {t} differs from Triton's launch"
             o_ref, s_rows = step_reference(q[live], k[live], v[live], s_ref[rows[live]], slope, 0.5)
             s_ref[rows[live]] = s_rows
@@ -332,6 +338,9 @@ def test_direct_launch_matches_tritons_launch_and_float64(launch_cache, monkeypa
         assert_close(f"{name} state", pool, s_ref, torch.float32)
         entry = _entry(launch_cache, q, k, v, pool, slope, idx, out)
         assert entry.launcher is not None, f"{name}: the direct launch was not used"
+        structure = check_decode_inputs(q, k, v, pool, slope, scale=0.5, state_indices=idx, out=out)
+        kept = decode_triton._STRUCTURE_LAUNCHES[structure].bound.values()  # per alignment (bf16 and its offset views)
+        assert any(b.entry is entry and b.pointers for b in kept), f"{name}: the structure's bound launch was not kept"
         compiled[name] = entry.compiled
     assert launch_cache.disabled is None
     assert compiled["bf16-unaligned"] is not compiled["bf16"], "an unaligned view needs its own specialisation"

@@ -260,6 +260,41 @@ def test_learns_verifies_then_launches_directly(fake):
     assert torch.equal(out[1], torch.zeros(H, V)), "padding slot output must be zero"
 
 
+def test_repeated_steps_take_their_structures_bound_launch(fake):
+    """Once verified, a step whose structure passed the checks before launches through the bound launch its
+    structure keeps per (scale, pointer alignment): one record per structure, one bound launch per alignment, right
+    numbers at every step. A launcher reset makes the kept bound launch decline: it is dropped, the step launches in
+    full (learn, verify) and binds again."""
+    launcher, jit = fake
+    pool, slope, idx = torch.randn(P, H, K, V), torch.tensor([0.1, 2.0]), torch.tensor([4, -1, 0])
+    ref = Reference(pool, slope, idx)
+    out = torch.empty(B, H, V)
+    decode_triton._STRUCTURE_LAUNCHES.clear()
+    _run_steps(4, pool, slope, idx, ref, out=out)
+    (launch,) = decode_triton._STRUCTURE_LAUNCHES.values()
+    assert list(launch.bound) == [(0.5, True)] and jit.normal_launches == 2 and jit.direct_launches() == 2
+    _run_steps(3, pool, slope, idx, ref, out=out, transform=_unaligned, seed=10)  # same structure, unaligned q, k, v
+    assert len(decode_triton._STRUCTURE_LAUNCHES) == 1 and len(launch.bound) == 2
+    assert jit.normal_launches == 4 and jit.direct_launches() == 3
+    launcher.reset()
+    _run_steps(3, pool, slope, idx, ref, out=out, seed=20)
+    assert jit.normal_launches == 6 and jit.direct_launches() == 4 and launcher.disabled is None
+
+
+def test_a_replaced_launcher_gets_new_structure_launches(fake, monkeypatch):
+    """The kept launch of a structure belongs to the launcher it was made for: another launcher (a test's, or
+    one made after a reload) is never bypassed by a bound launch of the old one."""
+    _, first_jit = fake
+    pool, slope, idx = torch.randn(P, H, K, V), torch.tensor([0.1, 2.0]), torch.tensor([4, -1, 0])
+    ref = Reference(pool, slope, idx)
+    _run_steps(3, pool, slope, idx, ref)
+    second_jit = FakeJIT()
+    monkeypatch.setattr(decode_triton, "_LAUNCHER", CpuLauncher(second_jit, "second fake decode"))
+    _run_steps(3, pool, slope, idx, ref, seed=5)
+    assert first_jit.normal_launches == 2 and first_jit.direct_launches() == 1
+    assert second_jit.normal_launches == 2 and second_jit.direct_launches() == 1
+
+
 def test_alignment_dtype_and_layout_changes_take_their_own_kernel(fake):
     """A view one element off 16 bytes, another dtype, no slope / indices: each is a new key that starts with
     Triton's launch, gets its own compiled kernel, and is launched directly once verified; alternating between

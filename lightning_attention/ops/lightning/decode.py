@@ -133,17 +133,17 @@ def lightning_attn_decode(
     ``pool[rows]`` gathers a copy (advanced indexing), so prefill never writes the pool behind your back; the
     assignment ``pool[rows] = ht`` is the hand-off. Decode updates the named rows in place.
     """
-    check_decode_inputs(q, k, v, state, slope, scale=scale, state_indices=state_indices, out=out)
+    structure = check_decode_inputs(q, k, v, state, slope, scale=scale, state_indices=state_indices, out=out)
     if settings.current().debug and not torch.compiler.is_compiling():
-        return guarded_decode_step(lambda: _step(q, k, v, state, slope, scale, state_indices, out), q, k, v, state,
-                                   state_indices)  # fmt: skip
-    return _step(q, k, v, state, slope, scale, state_indices, out)
+        return guarded_decode_step(lambda: _step(q, k, v, state, slope, scale, state_indices, out, structure), q, k,
+                                   v, state, state_indices)  # fmt: skip
+    return _step(q, k, v, state, slope, scale, state_indices, out, structure)
 
 
-def _step(q, k, v, state, slope, scale, state_indices, out):
-    """The validated step on the backend the settings pick."""
+def _step(q, k, v, state, slope, scale, state_indices, out, structure):
+    """The validated step on the backend the settings pick (``structure``: what the inputs passed the checks as)."""
     if use_triton(q):
-        return _triton_step()(q, k, v, state, slope, float(scale), state_indices, out)
+        return _triton_step()(q, k, v, state, slope, float(scale), state_indices, out, structure)
     with torch.no_grad():
         return decode_step_torch(q, k, v, state, slope, float(scale), state_indices, out)
 

@@ -75,6 +75,59 @@ def launch_decode_step(q, k, v, state, slope, scale, state_indices, out, tiles=N
     _LAUNCHER(grid, args, constexprs, q)
 
 
+class _StructureLaunch:
+    """What a structure of decode calls (a :class:`~lightning_attention.ops.lightning.decode_validation.
+    PassedStructure`) fixes of the step's launch: grid, constexprs, the 16 strides and the pool's row count; and the
+    launcher's bound launches (:meth:`Launcher.bind`) per ``(scale, alignment of the 7 pointers)``, the rest of
+    the launcher's exact key. A repeated step then costs its pointers, one look-up and the compiled launcher's call
+    (docs/kernels.md, "Host overhead")."""
+
+    __slots__ = ("bound", "constexprs", "grid", "launcher", "rows", "strides")
+
+    def __init__(self, q, k, v, state, slope, state_indices, out):
+        B, H, K = q.shape
+        self.grid, self.constexprs = _launch(
+            B, H, K, v.shape[-1], slope is not None, state_indices is not None, q.get_device()
+        )
+        self.strides = (*q.stride(), *k.stride(), *v.stride(), *state.stride(), *out.stride())
+        self.rows, self.launcher, self.bound = state.shape[0], _LAUNCHER, {}
+
+    def __call__(self, q, k, v, state, slope, scale, state_indices, out) -> None:
+        tensors = (q, k, v, state, q if slope is None else slope, q if state_indices is None else state_indices, out)
+        a, b, c, d, e, f, g = addresses = (
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), state.data_ptr(), tensors[4].data_ptr(),
+            tensors[5].data_ptr(), out.data_ptr(),
+        )  # fmt: skip
+        # Triton specialises on each pointer's 16-byte alignment: all aligned is the common key
+        key = (scale, True if not (a | b | c | d | e | f | g) & 15 else tuple(x & 15 for x in addresses))
+        bound = self.bound.get(key)
+        if bound is not None:
+            if bound((*(addresses if bound.pointers else tensors), *self.strides, scale, self.rows), q):
+                return
+            del self.bound[key]  # declined (a reset, a hook, another device): launched in full and bound again below
+        args = (*tensors, *self.strides, scale, self.rows)
+        self.launcher(self.grid, args, self.constexprs, q)
+        bound = self.launcher.bind(self.grid, args, self.constexprs, q)
+        if bound is not None:
+            if len(self.bound) >= 64:
+                self.bound.clear()
+            self.bound[key] = bound
+
+
+# PassedStructure -> its _StructureLaunch (bounded like the structures' own memo)
+_STRUCTURE_LAUNCHES: dict = {}
+
+
+def _launch_structured(structure, q, k, v, state, slope, scale, state_indices, out) -> None:
+    """:func:`launch_decode_step` for a call whose structure passed the checks, with what the structure fixes kept."""
+    launch = _STRUCTURE_LAUNCHES.get(structure)
+    if launch is None or launch.launcher is not _LAUNCHER:  # new, or the launcher was replaced (tests)
+        if len(_STRUCTURE_LAUNCHES) >= 1024:
+            _STRUCTURE_LAUNCHES.clear()
+        launch = _STRUCTURE_LAUNCHES[structure] = _StructureLaunch(q, k, v, state, slope, state_indices, out)
+    launch(q, k, v, state, slope, scale, state_indices, out)
+
+
 def _decode_step_fake(q, k, v, state, slope, scale, state_indices, out) -> None:
     # Everything the operator produces is written into its mutated arguments, whose metadata does not change.
     return None
@@ -89,7 +142,7 @@ decode_step_op = TritonOp(
 )  # fmt: skip
 
 
-def decode_step_triton(q, k, v, state, slope, scale, state_indices, out):
+def decode_step_triton(q, k, v, state, slope, scale, state_indices, out, structure=None):
     """Triton decode step behind :func:`lightning_attention.lightning_attn_decode` (inputs already validated).
 
     Args:
@@ -99,6 +152,9 @@ def decode_step_triton(q, k, v, state, slope, scale, state_indices, out):
         scale: Python float.
         state_indices: ``[B]`` int32/int64 pool row per sequence, ``-1`` = padding slot; ``None``: row b.
         out: ``[B, H, V]`` in q.dtype or ``None`` (then allocated: the only allocation of a step).
+        structure: the :class:`~lightning_attention.ops.lightning.decode_validation.PassedStructure` the inputs
+            passed the checks as, or ``None``; with it, a plain eager step reuses what its structure fixes of the
+            launch.
 
     Returns:
         o ``[B, H, V]`` in q.dtype (``out`` itself when given).
@@ -116,7 +172,10 @@ def decode_step_triton(q, k, v, state, slope, scale, state_indices, out):
     if out is None:
         out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], device=q.device, dtype=q.dtype)
     if plain_eager():  # the launcher switches to q's device itself when it is not the current one
-        launch_decode_step(q, k, v, state, slope, scale, state_indices, out)
+        if structure is None:
+            launch_decode_step(q, k, v, state, slope, scale, state_indices, out)
+        else:
+            _launch_structured(structure, q, k, v, state, slope, scale, state_indices, out)
         torch.autograd.graph.increment_version(state)
         torch.autograd.graph.increment_version(out)
     else:

@@ -27,12 +27,28 @@ from lightning_attention.ops.lightning.validation import (
     require_tensor,
 )
 
-# Structural signatures of calls that passed the structural checks, each with the pairs of arguments whose address
-# ranges must be compared (a bounded memo: see check_decode_inputs). A decode loop repeats one signature per batch
-# size for thousands of steps.
-_DECODE_PASSED: dict[tuple, tuple] = {}
-_DECODE_PASSED_MAX = 1024
 _NAMES = ("q", "k", "v", "state", "out")  # the order of the tensors in the memoised pairs
+
+
+class PassedStructure:
+    """A structure of decode calls (one :func:`decode_signature`) that passed the structural checks.
+
+    ``pairs``: the ``(written, other, extent of written, extent of other)`` address ranges its calls compare
+    (:func:`_overlap_pairs`); ``starts``: the data pointers of q, k, v, state and out of the last call that passed
+    that comparison (the extents are fixed by the structure, so the same pointers pass again: a loop that reuses its
+    buffers compares one tuple). Hashed by identity, so a backend can key what the structure fixes of its launch on it
+    at the cost of a pointer hash (``decode_triton``)."""
+
+    __slots__ = ("pairs", "starts")
+
+    def __init__(self, pairs: tuple):
+        self.pairs, self.starts = pairs, None
+
+
+# Signatures that passed the structural checks (a bounded memo: see check_decode_inputs). A decode loop repeats one
+# signature per batch size for thousands of steps.
+_DECODE_PASSED: dict[tuple, PassedStructure] = {}
+_DECODE_PASSED_MAX = 1024
 
 
 def _opt(x) -> tuple | None:
@@ -60,37 +76,41 @@ def decode_signature(q, k, v, state, slope, scale, state_indices, out) -> tuple 
         return None
 
 
-def check_decode_inputs(q, k, v, state, slope, *, scale, state_indices, out) -> None:
-    """Validates the arguments of :func:`lightning_attention.lightning_attn_decode` (module docstring).
+def check_decode_inputs(q, k, v, state, slope, *, scale, state_indices, out) -> PassedStructure:
+    """Validates the arguments of :func:`lightning_attention.lightning_attn_decode` (module docstring) and returns
+    the structure they passed as.
 
     The structural checks are remembered per :func:`decode_signature` (the cost per step: docs/design.md, "Input
     checks"). Nothing is remembered while torch.compile traces (the checks are traced as they are) or for an input
-    that fails.
+    that fails; a structure that is not remembered is returned all the same (a new object on every call).
     """
     compiling = torch.compiler.is_compiling()
     sig = None if compiling else decode_signature(q, k, v, state, slope, scale, state_indices, out)
     try:
-        pairs = None if sig is None else _DECODE_PASSED.get(sig)
+        passed = None if sig is None else _DECODE_PASSED.get(sig)
     except TypeError:  # an unhashable (symbolic) size: check every time
-        sig, pairs = None, None
-    if pairs is None:
+        sig, passed = None, None
+    if passed is None:
         _check_decode_structure(q, k, v, state, slope, scale, state_indices, out)
-        pairs = _overlap_pairs(q, k, v, state, out)
+        passed = PassedStructure(_overlap_pairs(q, k, v, state, out))
         if sig is not None:
             if len(_DECODE_PASSED) >= _DECODE_PASSED_MAX:
                 _DECODE_PASSED.clear()
-            _DECODE_PASSED[sig] = pairs
-    if pairs and not compiling:  # addresses cannot be traced (a fake tensor has none)
+            _DECODE_PASSED[sig] = passed
+    if passed.pairs and not compiling:  # addresses cannot be traced (a fake tensor has none)
         starts = (q.data_ptr(), k.data_ptr(), v.data_ptr(), state.data_ptr(), None if out is None else out.data_ptr())
-        for w, i, extent_w, extent_i in pairs:
-            if starts[i] < starts[w] + extent_w and starts[w] < starts[i] + extent_i:
-                raise _shared_memory_error(_NAMES[w], _NAMES[i])
+        if starts != passed.starts:
+            for w, i, extent_w, extent_i in passed.pairs:
+                if starts[i] < starts[w] + extent_w and starts[w] < starts[i] + extent_i:
+                    raise _shared_memory_error(_NAMES[w], _NAMES[i])
+            passed.starts = starts
     # every tensor is on q's device by now: one decision for both value checks
     if (slope is not None or state_indices is not None) and value_checks_enabled(q):
         if slope is not None:
             check_slope_values(slope)
         if state_indices is not None:
             check_state_indices_values(state_indices, state.shape[0])
+    return passed
 
 
 def memory_extent(x: torch.Tensor | None) -> int:
