@@ -44,6 +44,10 @@ INTER_PREC = {"bf16": "input", "fp16": "tf32", "fp32": "ieee"}  # as plan.precis
 _IO_POINTERS = {"q", "k", "v", "o", "do", "dk", "dv"}
 _STATE_POINTERS = {"slope", "h0", "ht", "states", "pieces", "dht", "dh0"}
 _INT_POINTERS = {"cu_seqlens", "seg_table", "seq_segs"}
+# the kernels' stride groups, one tuple argument each: (batch, token, head) of a [B, T, H, D] tensor, and (slot, head,
+# row, column) of a state, of which a launch makes the slot and head strides multiples of 16
+_TOKEN_STRIDES = {"sq", "sk", "sv", "so", "sdo", "sdk", "sdv"}
+_STATE_STRIDES = {"sh0", "sht", "sst", "sp"}
 
 
 def inter_prec(dtype: str, flags: dict) -> str:
@@ -69,6 +73,10 @@ def signature(fn, dtype: str) -> dict:
             sig[name] = "*i32"
         elif name.startswith("scale"):
             sig[name] = "fp32"
+        elif name in _TOKEN_STRIDES:
+            sig[name] = ("i32",) * 3
+        elif name in _STATE_STRIDES:
+            sig[name] = ("i32",) * 4
         else:
             sig[name] = "i32"
     return sig
@@ -80,13 +88,11 @@ def specialisations(fn, sig: dict) -> dict:
     aligned) and the batch / token / head strides and H of the shapes the dispatcher sees. Without it a build
     neither vectorises nor pipelines its loads, and reports less shared memory than the GPU's build uses."""
     skip = {a if isinstance(a, str) else fn.arg_names[a] for a in fn.do_not_specialize or ()}
-    aligned = [
-        i for i, name in enumerate(fn.arg_names)
-        if sig[name].startswith("*") or (
-            sig[name] == "i32" and name not in skip and (name == "H" or name.rsplit("_", 1)[-1] in ("b", "t", "h", "n"))
-        )
-    ]  # fmt: skip
-    return {(i,): [["tt.divisibility", 16]] for i in aligned}
+    aligned = [(i,) for i, name in enumerate(fn.arg_names) if sig[name] == "i32" and name == "H" and name not in skip]
+    aligned += [(i,) for i, name in enumerate(fn.arg_names) if isinstance(sig[name], str) and sig[name][0] == "*"]
+    aligned += [(i, j) for i, name in enumerate(fn.arg_names) if name in _TOKEN_STRIDES for j in range(3)]
+    aligned += [(i, j) for i, name in enumerate(fn.arg_names) if name in _STATE_STRIDES for j in range(2)]
+    return {path: [["tt.divisibility", 16]] for path in sorted(aligned)}
 
 
 def source(fn, dtype: str, constexprs: dict):

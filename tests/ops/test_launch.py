@@ -123,6 +123,9 @@ def test_specialization_key_sees_what_triton_sees():
     assert key((x[1:],))[0] == (torch.float32, False)  # 4 bytes past a 16-byte boundary
     assert key((2**31,)) != key((2**31 - 16,))  # int32 vs int64 range
     assert key((x.to(torch.bfloat16),)) != key((x,))
+    # a tuple argument (a kernel's stride group) is specialised element by element, as Triton does
+    assert key(((32, 16, 1),)) == (((False, True, True), (False, True, True), (True, False, True)),)
+    assert key(((32, 17, 128),)) != key(((32, 16, 128),)) and key(((0, 0),)) != key(((0, 1),))
 
 
 def test_autotuned_kernel_learns_verifies_then_launches_directly():

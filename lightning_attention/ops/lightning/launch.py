@@ -63,12 +63,15 @@ _I32 = range(-(2**31), 2**31)
 def specialization_key(args: tuple) -> tuple:
     """What Triton's specialisation can see of run-time arguments, never less: a tensor's dtype and 16-byte alignment;
     an int's ``== 1``, divisibility by 16 and int32 range (finer than Triton for ``do_not_specialize`` ints, which
-    then just take a few more keys); any other value by its type (floats are never specialised)."""
+    then just take a few more keys); a tuple (the kernels' stride groups) element by element; any other value by its
+    type (floats are never specialised)."""
     return tuple(
         (a.dtype, not a.data_ptr() & 15)
         if isinstance(a, torch.Tensor)
         else (a == 1, not a % 16, a in _I32)
         if type(a) is int
+        else specialization_key(a)
+        if type(a) is tuple
         else type(a)
         for a in args
     )

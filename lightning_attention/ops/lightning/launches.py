@@ -86,7 +86,14 @@ def _launch_tuned(b: ProgramBuilder, p: ChunkProblem, kind: str, plain: Launcher
 
 
 def _strides(x: Ref | None) -> tuple:
+    """A state's strides (slot, head, row, column), one kernel argument; zeros for an absent state (never read)."""
     return (0, 0, 0, 0) if x is None else x.stride()
+
+
+def _token_strides(*xs: Ref) -> tuple:
+    """Each [B, T, H, D] tensor's strides (batch, token, head) as one kernel argument each (the last dim is
+    contiguous: its stride is not passed)."""
+    return tuple(x.stride()[:3] for x in xs)
 
 
 def walk_launch(
@@ -120,8 +127,7 @@ def walk_launch(
     table = None if plan.seg_table is None else _segment_table(b, plan)
     args = (
         q, k, v, o_, *pointers(q, slope, h0, ht, states, cu, table),
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o_.stride()[:3],
-        *_strides(h0), *_strides(ht), *_strides(states),
+        *_token_strides(q, k, v, o_), _strides(h0), _strides(ht), _strides(states),
         float(scale_intra), float(scale_inter), float(scale_upd),
         T, H, plan.per_seq, plan.seg_len, inter_chunk if not state_only else 0,
         waves(p, cdiv(DV, 64) * H * plan.total),
@@ -164,8 +170,7 @@ def _two_warpgroup_walk(
     DK, DV = q.shape[-1], v.shape[-1]
     args = (
         q, k, v, o, *pointers(q, slope, h0, ht, states),
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
-        *_strides(h0), *_strides(ht), *_strides(states),
+        *_token_strides(q, k, v, o), _strides(h0), _strides(ht), _strides(states),
         float(scale_intra), float(scale_inter), float(scale_upd),
         T, H, plan.per_seq, plan.seg_len,
     )  # fmt: skip
@@ -186,7 +191,7 @@ def _two_warpgroup_prepass(b, k, v, states, *, slope, plan, T, H, scale_upd, rev
     DK, DV = k.shape[-1], v.shape[-1]
     args = (
         k, v, *pointers(k, slope), states,
-        *k.stride()[:3], *v.stride()[:3], *_strides(states),
+        *_token_strides(k, v), _strides(states),
         float(scale_upd), T, H, plan.per_seq, plan.seg_len,
     )  # fmt: skip
     constexprs = dict(
@@ -206,8 +211,7 @@ def dkdv_launch(b, p, q, k, v, do, dk, dv, *, slope, dht, dh0, g_states, plan, T
     table = None if plan.seg_table is None else _segment_table(b, plan)
     args = (
         q, k, v, do, dk, dv, *pointers(q, slope, dht, dh0, g_states, cu, table),
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
-        *_strides(dht), *_strides(dh0), *_strides(g_states),
+        *_token_strides(q, k, v, do, dk, dv), _strides(dht), _strides(dh0), _strides(g_states),
         float(scale), T, H, plan.per_seq, plan.seg_len, inter_chunk,
     )  # fmt: skip
     constexprs = dict(
@@ -240,7 +244,7 @@ def _scan_launch(b, states, pieces_states, pieces: PrepassPieces, *, slope, h0, 
     table = None if plan.seg_table is None else _segment_table(b, plan)
     args = (
         states, pieces_states, *pointers(states, h0, ht, slope, seq_segs, table),
-        *states.stride(), *pieces_states.stride(), *_strides(h0), *_strides(ht),
+        _strides(states), _strides(pieces_states), _strides(h0), _strides(ht),
         T, H, plan.per_seq, plan.seg_len, pieces.count, pieces.piece_len, pieces.first, pieces.split,
     )  # fmt: skip
     constexprs = dict(

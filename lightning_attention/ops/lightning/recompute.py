@@ -168,7 +168,7 @@ def recompute_backward(
     grid = (N * H, 2 * cdiv(K, cfg.BK) + cdiv(V, cfg.BV))
     args = (
         q, k, v, do, *pointers(q, h0, dht, slope, cu_seqlens), dq, dk, dv, *pointers(q, dh0),
-        T, H, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], float(scale),
+        T, H, *(x.stride()[:3] for x in (q, k, v, do)), float(scale),
     )  # fmt: skip
     constexprs = dict(
         K=K, V=V, BT=cfg.BT, BK=cfg.BK, BV=cfg.BV, K_PAD=cfg.K_pad, V_PAD=cfg.V_pad,

@@ -25,6 +25,7 @@ _TRITON_PTR = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "
 _FP32_POINTERS = {"h0", "dht", "dh0", "slope"}
 KERNEL = "recompute_bwd_kernel"
 _INT_ARGS = {"T", "H"}
+_STRIDE_GROUPS = {"sq", "sk", "sv", "sdo"}  # one tuple argument each: strides (batch, token, head)
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,10 @@ def _signature_and_constexprs(dtype: torch.dtype, K: int, V: int, decay: bool):
             signature[arg] = "constexpr"
         elif arg == "cu_seqlens":
             signature[arg] = "*i32"
-        elif arg in _INT_ARGS or arg.startswith("stride_"):
+        elif arg in _INT_ARGS:
             signature[arg] = "i32"
+        elif arg in _STRIDE_GROUPS:
+            signature[arg] = ("i32",) * 3
         elif arg == "scale":
             signature[arg] = "fp32"
         elif arg in _FP32_POINTERS:

@@ -31,10 +31,13 @@ from lightning_attention.ops.lightning.kernels.walk import (
     inter_decay,
     inter_product,
     intra_product,
+    load_rows,
     load_state,
     log2_decay,
+    row_tile,
     state_tile,
     tail_decay,
+    tile_ranges,
     weighted_rows,
 )
 
@@ -72,15 +75,8 @@ def _dkdv_walk_kernel(
     states,  # [NSEG, H, DK, DV] incoming G of every segment (SEG_IN)
     cu_seqlens,  # [N + 1] (VARLEN 1)
     seg_table,  # [NSEG, 4] int32 (VARLEN 2)
-    sq_b, sq_t, sq_h,
-    sk_b, sk_t, sk_h,
-    sv_b, sv_t, sv_h,
-    sdo_b, sdo_t, sdo_h,
-    sdk_b, sdk_t, sdk_h,
-    sdv_b, sdv_t, sdv_h,
-    sht_n, sht_h, sht_k, sht_v,
-    sh0_n, sh0_h, sh0_k, sh0_v,
-    sst_n, sst_h, sst_k, sst_v,
+    sq, sk, sv, sdo, sdk, sdv,  # strides (batch, token, head) of q, k, v, do, dk, dv
+    sht, sh0, sst,  # strides (slot, head, row, column) of dht, dh0, states
     scale,
     T, H, NS, SEG,
     CS,  # tokens per chunk when > 0 (the inter-only mode), else BT
@@ -103,27 +99,14 @@ def _dkdv_walk_kernel(
     i_n, i_b, bos, eos, first, last = _segment(i_s, cu_seqlens, seg_table, T, NS, SEG, VARLEN)
     c = log2_decay(slope, i_h, HAS_DECAY, ACC)
 
-    o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
-    o_v = tl.arange(0, BV)
-    m_k = o_k < DK
-    m_v = o_v < DV
-    m_kv = m_k[:, None] & m_v[None, :]
-    i_b64 = tl.cast(i_b, tl.int64)
-    i_h64 = tl.cast(i_h, tl.int64)
-    p_q = q + i_b64 * sq_b + i_h64 * sq_h
-    p_k = k + i_b64 * sk_b + i_h64 * sk_h
-    p_v = v + i_b64 * sv_b + i_h64 * sv_h
-    p_do = do + i_b64 * sdo_b + i_h64 * sdo_h
-    p_dk = dk + i_b64 * sdk_b + i_h64 * sdk_h
-    p_dv = dv + i_b64 * sdv_b + i_h64 * sdv_h
+    o_t, o_k, o_v, m_k, m_v, m_kv = tile_ranges(0, BT, BK, BV, DK, DV)
 
     # incoming G [BK, BV]: the segment's state from the scan, dht, or zeros
     b_g = tl.zeros([BK, BV], dtype=ACC)
     if SEG_IN:
-        b_g = load_state(states, i_s, sst_n, i_h64, sst_h, o_k, o_v, sst_k, sst_v, m_kv, ACC)
+        b_g = load_state(states, i_s, sst, i_h, o_k, o_v, m_kv, ACC)
     elif USE_H0:
-        b_g = load_state(dht, i_n, sht_n, i_h64, sht_h, o_k, o_v, sht_k, sht_v, m_kv, ACC)
+        b_g = load_state(dht, i_n, sht, i_h, o_k, o_v, m_kv, ACC)
     # exponent offset: 0 while the walk starts from dht (G_{T-1} = dht + ..., not decayed), else 1
     d0 = tl.where(last, 0, 1)
 
@@ -132,12 +115,10 @@ def _dkdv_walk_kernel(
     p_walk = -o_t  # walk positions up to the chunk's shift (r = L - 1 - o_t): the decay matrix is built once
     for i_c in range(0, n_chunks):
         _, L, m_t, r, rows = chunk_rows(i_c, n_chunks, bos, eos, C, o_t, True)
-        m_tk = m_t[:, None] & m_k[None, :]
-        m_tv = m_t[:, None] & m_v[None, :]
-        b_q = tl.load(p_q + rows[:, None] * sq_t + o_k[None, :], mask=m_tk, other=0.0)
-        b_k = tl.load(p_k + rows[:, None] * sk_t + o_k[None, :], mask=m_tk, other=0.0)
-        b_v = tl.load(p_v + rows[:, None] * sv_t + o_v[None, :], mask=m_tv, other=0.0)
-        b_do = tl.load(p_do + rows[:, None] * sdo_t + o_v[None, :], mask=m_tv, other=0.0)
+        b_q = load_rows(q, sq, i_b, i_h, rows, o_k, m_t, m_k)
+        b_k = load_rows(k, sk, i_b, i_h, rows, o_k, m_t, m_k)
+        b_v = load_rows(v, sv, i_b, i_h, rows, o_v, m_t, m_v)
+        b_do = load_rows(do, sdo, i_b, i_h, rows, o_v, m_t, m_v)
         inter_dec = inter_decay(c, r, d0, m_t, ACC)[:, None]  # λ^(r+d0) per row (unused, so not built, without decay)
         # G as the inter products' operand: fp32, or rounded once to bf16 for bf16 inputs (the carried G stays fp32)
         if INTER_PREC == "input":
@@ -147,10 +128,14 @@ def _dkdv_walk_kernel(
         # dv (finished and stored before dk starts: one [BT, BV] accumulator live at a time), then dk
         b_dv = _role_rows(b_k, b_q, b_do, b_gi, inter_dec, p_walk, c, scale, False, HAS_DECAY, INTER_ONLY, ACC,
                           DOT_PREC, INTER_PREC)  # fmt: skip
-        tl.store(p_dv + rows[:, None] * sdv_t + o_v[None, :], b_dv.to(dv.dtype.element_ty), mask=m_tv)
+        tl.store(
+            row_tile(dv, sdv, i_b, i_h, rows, o_v), b_dv.to(dv.dtype.element_ty), mask=m_t[:, None] & m_v[None, :]
+        )
         b_dk = _role_rows(b_v, b_do, b_q, b_gi, inter_dec, p_walk, c, scale, True, HAS_DECAY, INTER_ONLY, ACC,
                           DOT_PREC, INTER_PREC)  # fmt: skip
-        tl.store(p_dk + rows[:, None] * sdk_t + o_k[None, :], b_dk.to(dk.dtype.element_ty), mask=m_tk)
+        tl.store(
+            row_tile(dk, sdk, i_b, i_h, rows, o_k), b_dk.to(dk.dtype.element_ty), mask=m_t[:, None] & m_k[None, :]
+        )
 
         # G = λ^(L-1+d0) G + scale·(λ^(L-1-r) q)ᵀ do, operands in the input dtype
         if HAS_DECAY:
@@ -164,7 +149,7 @@ def _dkdv_walk_kernel(
     if STORE_HT:
         if HAS_DECAY:
             b_g = b_g * tl.exp2(-c * d0.to(ACC))  # dh0 = λ G_0 (= dht when the sequence is empty)
-        p_g = state_tile(dh0, i_n, sh0_n, i_h64, sh0_h, o_k, o_v, sh0_k, sh0_v)
+        p_g = state_tile(dh0, i_n, sh0, i_h, o_k, o_v)
         tl.store(p_g, b_g.to(dh0.dtype.element_ty), mask=m_kv)
 
 

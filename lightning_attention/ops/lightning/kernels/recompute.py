@@ -21,9 +21,9 @@ The derivation is in the docstring of :mod:`lightning_attention.ops.lightning.re
 
 Tiling: dq and dk produce a K-slice and contract over the whole V, so they tile K (``BK``) and hold a transposed
 state slice ``[BV = V padded, BK]``; dv produces a V-slice and contracts over the whole K, so it tiles V (``BV``)
-and holds ``[BK = K padded, BV]``. dk and dv are one reverse sweep (:func:`_reverse_sweep`) with the roles of its
-inputs swapped. Every output element is written by exactly one program, in sequence order: no atomics, no partial
-sums.
+and holds ``[BK = K padded, BV]``. All three are one sweep (:func:`_sweep`): dq forward, dk and dv reverse with the
+roles of the inputs swapped. Every output element is written by exactly one program, in sequence order: no atomics,
+no partial sums.
 
 Numerics: fp32 (fp64 for fp64 inputs, interpreter only) state and accumulators; intra-chunk dots take operands
 in the input dtype; the state operand of the inter-chunk dots is cast to ``STATE_OP`` = bf16 for bf16 inputs and
@@ -35,7 +35,7 @@ carried already transposed where a kernel needs Sᵀ), which avoids the Hopper `
 import triton
 import triton.language as tl
 
-from lightning_attention.ops.lightning.kernels.walk import tail_decay, weighted_rows
+from lightning_attention.ops.lightning.kernels.walk import load_rows, tail_decay, weighted_rows
 
 # 1/ln 2: λ^n = exp(-slope·n) = exp2(-slope·RCP_LN2·n), and exp2 is the native instruction
 RCP_LN2 = tl.constexpr(1.4426950408889634)
@@ -75,13 +75,6 @@ def _chunk_tokens(i, NT, bos, eos, o_t, BT: tl.constexpr, REVERSE: tl.constexpr)
 
 
 @triton.jit
-def _load_rows(p0, o_tt, stride_t, o_c, m_t, m_c):
-    """The [BT, BC] tile at tokens ``o_tt`` and columns ``o_c`` of one (batch row, head) of a [B, T, H, C] tensor
-    (``p0`` its first element), zeros outside the masks."""
-    return tl.load(p0 + o_tt[:, None] * stride_t + o_c[None, :], mask=m_t[:, None] & m_c[None, :], other=0.0)
-
-
-@triton.jit
 def _masked_product(b_x, b_y, b_z, mask, b_w, WEIGHTED: tl.constexpr, ACC: tl.constexpr,
                     DOT_PRECISION: tl.constexpr):  # fmt: skip
     """[(X Yᵀ) ⊙ W, masked] Z for [BT, *] tiles: the token×token tile recomputed, weighted by ``b_w`` (a [BT, BT]
@@ -105,214 +98,107 @@ def _decayed_update(b_x, b_y, y_dec, b_z, b_c, n_valid, ACC: tl.constexpr, DOT_P
 
 
 @triton.jit
-def _dq_sweep(
-    i_k,
-    i_nh,
-    k,
-    v,
-    do,
-    h0,
-    slope,
-    cu_seqlens,
-    dq,
-    T,
-    H,
-    stride_k_b,
-    stride_k_t,
-    stride_k_h,
-    stride_v_b,
-    stride_v_t,
-    stride_v_h,
-    stride_do_b,
-    stride_do_t,
-    stride_do_h,
-    scale,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    USE_INITIAL_STATE: tl.constexpr,
-    HAS_DECAY: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    ACC: tl.constexpr,
-    STATE_OP: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    """Forward sweep: recompute S chunk by chunk (fp32, transposed [BV, BK]) and write dq.
+def _sweep(
+    i_c, i_nh, a, b, c, x_in, slope, cu_seqlens, out, x_out, T, H, sa, sb, sc, scale,
+    A: tl.constexpr, C: tl.constexpr, STATE_SA: tl.constexpr, STATE_SC: tl.constexpr,
+    BT: tl.constexpr, BA: tl.constexpr, BC: tl.constexpr,
+    LOAD_X: tl.constexpr, STORE_X: tl.constexpr, HAS_DECAY: tl.constexpr, IS_VARLEN: tl.constexpr,
+    REVERSE: tl.constexpr, ACC: tl.constexpr, STATE_OP: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One sweep over a sequence in micro-chunks, carrying X, fp32 ``[BA, BC]``, and writing ``out`` (and X at the
+    end), in one of three roles of (a, b, c). Forward (first chunk first), rows i::
 
-    Program (K tile ``i_k``, sequence·head ``i_nh``). k ``[B, T, H, K]``, v and do ``[B, T, H, V]`` (strided,
-    last dim contiguous); h0 ``[N, H, K, V]`` contiguous; dq ``[B, T, H, K]`` contiguous. BV covers all of V
-    (power of two >= V).
-    """
-    i_n, i_h = i_nh // H, i_nh % H
-    i_b, bos, eos = _sequence_bounds(cu_seqlens, i_n, T, IS_VARLEN)
-    i_h64 = tl.cast(i_h, tl.int64)
+        out_i = scale · [Σ_{j≤i} λ^(i-j) (a_i·b_j) c_j + λ^(i+1) a_i X_prev]      X ← λ^L X + Σ_j λ^(L-1-j) b_jᵀ c_j
 
-    o_t = tl.arange(0, BT)
-    o_k = i_k * BK + tl.arange(0, BK)
-    o_v = tl.arange(0, BV)
-    m_k = o_k < K
-    m_v = o_v < V
-    causal = o_t[:, None] >= o_t[None, :]  # [BT, BT], i >= j
-
-    p_k0 = k + i_b * stride_k_b + i_h64 * stride_k_h
-    p_v0 = v + i_b * stride_v_b + i_h64 * stride_v_h
-    p_do0 = do + i_b * stride_do_b + i_h64 * stride_do_h
-    p_dq0 = dq + i_b * T * H * K + i_h64 * K
-
-    # b_hT[v, k] = S[k, v]: carried transposed so do @ Sᵀ is a plain dot (no tl.trans of a dot result)
-    b_hT = tl.zeros([BV, BK], dtype=ACC)
-    if USE_INITIAL_STATE:
-        p_h0 = h0 + tl.cast(i_nh, tl.int64) * K * V + o_k[None, :] * V + o_v[:, None]
-        b_hT = tl.load(p_h0, mask=m_v[:, None] & m_k[None, :], other=0.0).to(ACC)
-    if HAS_DECAY:
-        b_c = _log2_decay(slope, i_h, ACC)
-        # [BT, BT] λ^(i-j) on and below the diagonal; the where keeps exp2 of positive powers out
-        b_D = tl.where(causal, tl.exp2(-b_c * tl.maximum(o_t[:, None] - o_t[None, :], 0).to(ACC)), 0.0)
-        b_qdecay = tl.exp2(-b_c * (o_t + 1).to(ACC))  # [BT] λ^(i+1)
-    else:
-        b_D = 1.0  # not read: without decay the causal mask alone weights dA
-
-    NT = tl.cdiv(eos - bos, BT)
-    for i_t in range(NT):
-        t0, o_tt, m_t = _chunk_tokens(i_t, NT, bos, eos, o_t, BT, False)
-        b_k = _load_rows(p_k0, o_tt, stride_k_t, o_k, m_t, m_k)
-        b_v = _load_rows(p_v0, o_tt, stride_v_t, o_v, m_t, m_v)
-        b_do = _load_rows(p_do0, o_tt, stride_do_t, o_v, m_t, m_v)
-
-        # intra: dA = dO Vᵀ recomputed [BT, BT], masked and decayed, then dA @ K [BT, BK]
-        b_dq = _masked_product(b_do, b_v, b_k, causal, b_D, HAS_DECAY, ACC, DOT_PRECISION)
-        # inter: λ^(i+1) do_i S_prevᵀ, S_prev taken before this chunk is added (adding it first would count it twice)
-        b_inter = tl.dot(b_do.to(STATE_OP), b_hT.to(STATE_OP), input_precision=DOT_PRECISION, out_dtype=ACC)
-        if HAS_DECAY:
-            b_inter = b_inter * b_qdecay[:, None]
-        b_dq = (b_dq + b_inter) * scale
-        tl.store(
-            p_dq0 + o_tt[:, None] * H * K + o_k[None, :],
-            b_dq.to(dq.dtype.element_ty),
-            mask=m_t[:, None] & m_k[None, :],
-        )
-
-        # S ← λ^L S + Σ_j λ^(L-1-j) k_jᵀ v_j, as Sᵀ ← λ^L Sᵀ + (λ^(L-1-j) v)ᵀ k
-        if HAS_DECAY:
-            n_valid = tl.minimum(eos - t0, BT)
-            b_kdecay = tail_decay(b_c, o_t, n_valid, o_t < n_valid, ACC)
-            b_hT = _decayed_update(b_hT, b_v, b_kdecay, b_k, b_c, n_valid, ACC, DOT_PRECISION)
-        else:
-            b_hT += tl.dot(tl.trans(b_v), b_k, input_precision=DOT_PRECISION, out_dtype=ACC)
-
-
-@triton.jit
-def _reverse_sweep(
-    i_c,
-    i_nh,
-    a,
-    b,
-    c,
-    dht,
-    slope,
-    cu_seqlens,
-    out,
-    dh0,
-    T,
-    H,
-    stride_a_b,
-    stride_a_t,
-    stride_a_h,
-    stride_b_b,
-    stride_b_t,
-    stride_b_h,
-    stride_c_b,
-    stride_c_t,
-    stride_c_h,
-    scale,
-    A: tl.constexpr,
-    C: tl.constexpr,
-    STATE_SA: tl.constexpr,
-    STATE_SC: tl.constexpr,
-    BT: tl.constexpr,
-    BA: tl.constexpr,
-    BC: tl.constexpr,
-    USE_FINAL_STATE_GRADIENT: tl.constexpr,
-    STORE_INITIAL_STATE_GRADIENT: tl.constexpr,
-    HAS_DECAY: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    ACC: tl.constexpr,
-    STATE_OP: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    """Reverse sweep: carry X = the reverse state R (or Rᵀ), fp32 ``[BA, BC]``, from the last chunk to the first
-    and write ``out`` (and dh0), for one of the two roles of (a, b, c)::
+    reverse (last chunk first), rows j::
 
         out_j = scale · Σ_{i≥j} λ^(i-j) (a_j·b_i) c_i + λ^(L-1-j) a_j X_next      X ← λ^L X + scale Σ_i λ^(i+1) b_iᵀ c_i
 
-    dv and dh0: (a, b, c) = (k, q, do), X = R ``[K, V]``; dk: (a, b, c) = (v, do, q), X = Rᵀ ``[V, K]``. The
-    untiled dim A (BA covers all of it) is contracted, the output tiles C (tile ``i_c`` of ``BC``).
+    dq: forward, (a, b, c) = (do, v, k), X = Sᵀ ``[V, K]`` from h0; dk: reverse, (v, do, q), X = Rᵀ ``[V, K]`` from
+    dht; dv and dh0: reverse, (k, q, do), X = R ``[K, V]`` from dht, stored as dh0. The untiled dim A (BA covers all
+    of it) is contracted, the output tiles C (tile ``i_c`` of ``BC``).
 
-    Program (C tile ``i_c``, sequence·head ``i_nh``). a, b ``[B, T, H, A]``, c ``[B, T, H, C]`` (strided, last dim
-    contiguous); dht, dh0 ``[N, H, K, V]`` contiguous, X[x, y] at ``x·STATE_SA + y·STATE_SC`` within a head
-    (R: (V, 1); Rᵀ: (1, V)); out ``[B, T, H, C]`` contiguous.
+    Program (C tile ``i_c``, sequence·head ``i_nh``). a, b ``[B, T, H, A]``, c ``[B, T, H, C]`` (strides ``sa``,
+    ``sb``, ``sc`` = (batch, token, head); last dim contiguous); x_in, x_out ``[N, H, K, V]`` contiguous, X[x, y] at
+    ``x·STATE_SA + y·STATE_SC`` within a head (R: (V, 1); Sᵀ, Rᵀ: (1, V)); out ``[B, T, H, C]`` contiguous.
     """
     i_n, i_h = i_nh // H, i_nh % H
     i_b, bos, eos = _sequence_bounds(cu_seqlens, i_n, T, IS_VARLEN)
-    i_h64 = tl.cast(i_h, tl.int64)
 
     o_t = tl.arange(0, BT)
     o_a = tl.arange(0, BA)
     o_c = i_c * BC + tl.arange(0, BC)
     m_a = o_a < A
     m_c = o_c < C
-    anticausal = o_t[None, :] >= o_t[:, None]  # [BT(j), BT(i)], i >= j
+    # [BT, BT] distance i - j of the pairs a row sums over: forward rows i, columns j; reverse rows j, columns i
+    if REVERSE:
+        dist = o_t[None, :] - o_t[:, None]
+    else:
+        dist = o_t[:, None] - o_t[None, :]
+    pairs = dist >= 0
 
-    p_a0 = a + i_b * stride_a_b + i_h64 * stride_a_h
-    p_b0 = b + i_b * stride_b_b + i_h64 * stride_b_h
-    p_c0 = c + i_b * stride_c_b + i_h64 * stride_c_h
-    p_out0 = out + i_b * T * H * C + i_h64 * C
+    p_out0 = out + i_b * T * H * C + tl.cast(i_h, tl.int64) * C
     o_state = tl.cast(i_nh, tl.int64) * A * C + o_a[:, None] * STATE_SA + o_c[None, :] * STATE_SC  # [BA, BC]
     m_state = m_a[:, None] & m_c[None, :]
 
     b_x = tl.zeros([BA, BC], dtype=ACC)
-    if USE_FINAL_STATE_GRADIENT:
-        b_x = tl.load(dht + o_state, mask=m_state, other=0.0).to(ACC)
+    if LOAD_X:
+        b_x = tl.load(x_in + o_state, mask=m_state, other=0.0).to(ACC)
     if HAS_DECAY:
         b_c = _log2_decay(slope, i_h, ACC)
-        # [BT(j), BT(i)] scale·λ^(i-j) for i >= j
-        b_DT = tl.where(anticausal, tl.exp2(-b_c * tl.maximum(o_t[None, :] - o_t[:, None], 0).to(ACC)), 0.0) * scale
-        b_bdecay = tl.exp2(-b_c * (o_t + 1).to(ACC)) * scale  # [BT] scale·λ^(i+1)
+        # λ^(i-j) on the pairs (the where keeps exp2 of positive powers out) and λ^(i+1) per token; reverse: with
+        # scale, which the forward applies to the sum
+        b_w = tl.where(pairs, tl.exp2(-b_c * tl.maximum(dist, 0).to(ACC)), 0.0)
+        head_dec = tl.exp2(-b_c * (o_t + 1).to(ACC))
+        if REVERSE:
+            b_w = b_w * scale
+            head_dec = head_dec * scale
     else:
-        b_DT = scale  # scale on and below the diagonal
+        b_w = scale  # reverse: the pairs' weight; forward: not read (the selection alone, scale on the sum)
 
     NT = tl.cdiv(eos - bos, BT)
-    for i_r in range(NT):
-        t0, o_tt, m_t = _chunk_tokens(i_r, NT, bos, eos, o_t, BT, True)
-        b_a = _load_rows(p_a0, o_tt, stride_a_t, o_a, m_t, m_a)
-        b_b = _load_rows(p_b0, o_tt, stride_b_t, o_a, m_t, m_a)
-        b_cc = _load_rows(p_c0, o_tt, stride_c_t, o_c, m_t, m_c)
+    for i_t in range(NT):
+        t0, o_tt, m_t = _chunk_tokens(i_t, NT, bos, eos, o_t, BT, REVERSE)
+        b_a = load_rows(a, sa, i_b, i_h, o_tt, o_a, m_t, m_a)
+        b_b = load_rows(b, sb, i_b, i_h, o_tt, o_a, m_t, m_a)
+        b_cc = load_rows(c, sc, i_b, i_h, o_tt, o_c, m_t, m_c)
 
-        # intra: Mᵀ[j, i] = a_j·b_i recomputed [BT, BT], masked to i >= j, then Mᵀ @ c [BT, BC]
-        b_out = _masked_product(b_a, b_b, b_cc, anticausal, b_DT, True, ACC, DOT_PRECISION)
-        # inter: λ^(L-1-j) a_j X_next
+        # intra: the pairs' scores a·b recomputed [BT, BT], weighted and selected, then @ c [BT, BC]
+        b_out = _masked_product(b_a, b_b, b_cc, pairs, b_w, HAS_DECAY or REVERSE, ACC, DOT_PRECISION)
+        # inter: a X with X as it was before this chunk (adding the chunk first would count it twice)
         b_inter = tl.dot(b_a.to(STATE_OP), b_x.to(STATE_OP), input_precision=DOT_PRECISION, out_dtype=ACC)
         if HAS_DECAY:
             n_valid = tl.minimum(eos - t0, BT)
-            b_inter = b_inter * tail_decay(b_c, o_t, n_valid, o_t < n_valid, ACC)[:, None]
+            tail_dec = tail_decay(b_c, o_t, n_valid, o_t < n_valid, ACC)  # [BT] λ^(L-1-j)
+            if REVERSE:
+                b_inter = b_inter * tail_dec[:, None]
+            else:
+                b_inter = b_inter * head_dec[:, None]
+        if REVERSE:
+            b_out = b_out + b_inter
+        else:
+            b_out = (b_out + b_inter) * scale
         tl.store(
             p_out0 + o_tt[:, None] * H * C + o_c[None, :],
-            (b_out + b_inter).to(out.dtype.element_ty),
+            b_out.to(out.dtype.element_ty),
             mask=m_t[:, None] & m_c[None, :],
         )
 
-        # X ← λ^L X + (scale λ^(i+1) b)ᵀ c
+        # X ← λ^L X + (w b)ᵀ c, w: forward λ^(L-1-j), reverse scale·λ^(i+1)
         if HAS_DECAY:
-            b_x = _decayed_update(b_x, b_b, b_bdecay, b_cc, b_c, n_valid, ACC, DOT_PRECISION)
-        else:
+            if REVERSE:
+                b_x = _decayed_update(b_x, b_b, head_dec, b_cc, b_c, n_valid, ACC, DOT_PRECISION)
+            else:
+                b_x = _decayed_update(b_x, b_b, tail_dec, b_cc, b_c, n_valid, ACC, DOT_PRECISION)
+        elif REVERSE:
             b_bd = (b_b.to(ACC) * scale).to(b_b.dtype)
             b_x += tl.dot(tl.trans(b_bd), b_cc, input_precision=DOT_PRECISION, out_dtype=ACC)
+        else:
+            b_x += tl.dot(tl.trans(b_b), b_cc, input_precision=DOT_PRECISION, out_dtype=ACC)
 
-    if STORE_INITIAL_STATE_GRADIENT:
+    if STORE_X:
         # after chunk 0, R = λ G_0 = dh0 (for an empty sequence: dht, since final_state = h0)
-        tl.store(dh0 + o_state, b_x.to(dh0.dtype.element_ty), mask=m_state)
+        tl.store(x_out + o_state, b_x.to(x_out.dtype.element_ty), mask=m_state)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -331,18 +217,10 @@ def recompute_bwd_kernel(
     dh0,
     T,
     H,
-    stride_q_b,
-    stride_q_t,
-    stride_q_h,
-    stride_k_b,
-    stride_k_t,
-    stride_k_h,
-    stride_v_b,
-    stride_v_t,
-    stride_v_h,
-    stride_do_b,
-    stride_do_t,
-    stride_do_h,
+    sq,
+    sk,
+    sv,
+    sdo,
     scale,
     K: tl.constexpr,
     V: tl.constexpr,
@@ -366,32 +244,28 @@ def recompute_bwd_kernel(
     share no data, so running them side by side triples the programs in flight where this backward is
     latency-bound (few sequences × heads, long T).
 
-    q, k ``[B, T, H, K]``, v, do ``[B, T, H, V]`` (strided, last dim contiguous); h0, dht, dh0 ``[N, H, K, V]``
+    q, k ``[B, T, H, K]``, v, do ``[B, T, H, V]`` (strides ``sq``, ``sk``, ``sv``, ``sdo`` = (batch, token, head);
+    last dim contiguous); h0, dht, dh0 ``[N, H, K, V]``
     contiguous (h0/dht may be None); dq, dk ``[B, T, H, K]``, dv ``[B, T, H, V]`` contiguous. ``BK``/``BV``: the
     tiles of the dq/dk and dv sweeps; ``K_PAD``/``V_PAD``: K, V padded to powers of two (the untiled dim).
     """
     i_nh, i_p = tl.program_id(0), tl.program_id(1)
     NK: tl.constexpr = (K + BK - 1) // BK
-    if i_p < NK:
-        _dq_sweep(
-            i_p, i_nh, k, v, do, h0, slope, cu_seqlens, dq, T, H,
-            stride_k_b, stride_k_t, stride_k_h, stride_v_b, stride_v_t, stride_v_h,
-            stride_do_b, stride_do_t, stride_do_h, scale,
-            K, V, BT, BK, V_PAD, USE_INITIAL_STATE, HAS_DECAY, IS_VARLEN, ACC, STATE_OP, DOT_PRECISION,
+    if i_p < NK:  # dq: (a, b, c) = (do, v, k), X = Sᵀ [V, K]
+        _sweep(
+            i_p, i_nh, do, v, k, h0, slope, cu_seqlens, dq, dh0, T, H, sdo, sv, sk, scale,
+            V, K, 1, V, BT, V_PAD, BK, USE_INITIAL_STATE, False, HAS_DECAY, IS_VARLEN, False, ACC, STATE_OP,
+            DOT_PRECISION,
         )  # fmt: skip
     elif i_p < 2 * NK:  # dk: (a, b, c) = (v, do, q), X = Rᵀ [V, K]
-        _reverse_sweep(
-            i_p - NK, i_nh, v, do, q, dht, slope, cu_seqlens, dk, dh0, T, H,
-            stride_v_b, stride_v_t, stride_v_h, stride_do_b, stride_do_t, stride_do_h,
-            stride_q_b, stride_q_t, stride_q_h, scale,
-            V, K, 1, V, BT, V_PAD, BK, USE_FINAL_STATE_GRADIENT, False, HAS_DECAY, IS_VARLEN, ACC, STATE_OP,
+        _sweep(
+            i_p - NK, i_nh, v, do, q, dht, slope, cu_seqlens, dk, dh0, T, H, sv, sdo, sq, scale,
+            V, K, 1, V, BT, V_PAD, BK, USE_FINAL_STATE_GRADIENT, False, HAS_DECAY, IS_VARLEN, True, ACC, STATE_OP,
             DOT_PRECISION,
         )  # fmt: skip
     else:  # dv and dh0: (a, b, c) = (k, q, do), X = R [K, V]
-        _reverse_sweep(
-            i_p - 2 * NK, i_nh, k, q, do, dht, slope, cu_seqlens, dv, dh0, T, H,
-            stride_k_b, stride_k_t, stride_k_h, stride_q_b, stride_q_t, stride_q_h,
-            stride_do_b, stride_do_t, stride_do_h, scale,
-            K, V, V, 1, BT, K_PAD, BV, USE_FINAL_STATE_GRADIENT, USE_INITIAL_STATE, HAS_DECAY, IS_VARLEN, ACC, STATE_OP,
-            DOT_PRECISION,
+        _sweep(
+            i_p - 2 * NK, i_nh, k, q, do, dht, slope, cu_seqlens, dv, dh0, T, H, sk, sq, sdo, scale,
+            K, V, V, 1, BT, K_PAD, BV, USE_FINAL_STATE_GRADIENT, USE_INITIAL_STATE, HAS_DECAY, IS_VARLEN, True, ACC,
+            STATE_OP, DOT_PRECISION,
         )  # fmt: skip

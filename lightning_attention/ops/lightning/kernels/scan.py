@@ -20,10 +20,7 @@ def lightning_scan_kernel(
     slope,  # [H]
     seq_segs,  # [N + 1] int32: the segments of sequence n are seq_segs[n] .. seq_segs[n+1]-1 (VARLEN 2)
     seg_table,  # [NSEG, 4] int32 (VARLEN 2)
-    sst_n, sst_h, sst_k, sst_v,
-    sp_n, sp_h, sp_k, sp_v,
-    sh0_n, sh0_h, sh0_k, sh0_v,
-    sht_n, sht_h, sht_k, sht_v,
+    sst, sp, sh0, sht,  # strides (slot, head, row, column) of states, pieces, h0, ht
     T, H, NS, SEG,
     FNS,  # VARLEN 0: pieces per sequence in ``pieces``
     FSEG,  # VARLEN 0: tokens per piece (SEG = SPLIT · FSEG)
@@ -57,12 +54,12 @@ def lightning_scan_kernel(
     m_kv = (o_k < DK)[:, None] & (o_v < DV)[None, :]
     i_n64 = tl.cast(i_n, tl.int64)
     i_h64 = tl.cast(i_h, tl.int64)
-    tile_s = i_h64 * sst_h + o_k[:, None] * sst_k + o_v[None, :] * sst_v
-    tile_p = i_h64 * sp_h + o_k[:, None] * sp_k + o_v[None, :] * sp_v
+    tile_s = i_h64 * sst[1] + o_k[:, None] * sst[2] + o_v[None, :] * sst[3]
+    tile_p = i_h64 * sp[1] + o_k[:, None] * sp[2] + o_v[None, :] * sp[3]
 
     b_s = tl.zeros([BK, BV], dtype=ACC)
     if USE_H0:
-        b_s = load_state(h0, i_n64, sh0_n, i_h64, sh0_h, o_k, o_v, sh0_k, sh0_v, m_kv, ACC)
+        b_s = load_state(h0, i_n64, sh0, i_h, o_k, o_v, m_kv, ACC)
     if VARLEN == 0:
         s_lo = i_n * NS
         n_segs = NS
@@ -101,9 +98,9 @@ def lightning_scan_kernel(
             piece_len = tl.load(seg_table + i_p * 4 + 2) - tl.load(seg_table + i_p * 4 + 1)
             j = f
             enters = u >= 0
-        b_local = tl.load(pieces + tl.cast(i_p, tl.int64) * sp_n + tile_p, mask=m_kv, other=0.0).to(ACC)
+        b_local = tl.load(pieces + tl.cast(i_p, tl.int64) * sp[0] + tile_p, mask=m_kv, other=0.0).to(ACC)
         if enters:
-            tl.store(states + tl.cast(s_lo + j, tl.int64) * sst_n + tile_s, b_s.to(states.dtype.element_ty), mask=m_kv)
+            tl.store(states + tl.cast(s_lo + j, tl.int64) * sst[0] + tile_s, b_s.to(states.dtype.element_ty), mask=m_kv)
         if HAS_DECAY:
             # an empty segment (a zero-length sequence) leaves the state as it is
             dec = tl.where(piece_len > 0, tl.exp2(-c * tl.maximum(piece_len - 1 + d0, 0).to(ACC)), 1.0)
@@ -116,11 +113,11 @@ def lightning_scan_kernel(
         # order, whose incoming state is the state after every piece
         if REVERSE:
             if F0 > 0:
-                tl.store(states + tl.cast(s_lo, tl.int64) * sst_n + tile_s, b_s.to(states.dtype.element_ty), mask=m_kv)
+                tl.store(states + tl.cast(s_lo, tl.int64) * sst[0] + tile_s, b_s.to(states.dtype.element_ty), mask=m_kv)
         else:
             if F0 + FNS <= (NS - 1) * SPLIT:
                 tl.store(
-                    states + tl.cast(s_lo + NS - 1, tl.int64) * sst_n + tile_s, b_s.to(states.dtype.element_ty),
+                    states + tl.cast(s_lo + NS - 1, tl.int64) * sst[0] + tile_s, b_s.to(states.dtype.element_ty),
                     mask=m_kv,
                 )
 
@@ -128,5 +125,5 @@ def lightning_scan_kernel(
         if REVERSE:
             if HAS_DECAY:
                 b_s = b_s * tl.exp2(-c * d0.to(ACC))
-        p_ht = state_tile(ht, i_n64, sht_n, i_h64, sht_h, o_k, o_v, sht_k, sht_v)
+        p_ht = state_tile(ht, i_n64, sht, i_h, o_k, o_v)
         tl.store(p_ht, b_s.to(ht.dtype.element_ty), mask=m_kv)

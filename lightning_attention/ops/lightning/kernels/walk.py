@@ -108,16 +108,50 @@ def log2_decay(slope, i_h, HAS_DECAY: tl.constexpr, ACC: tl.constexpr):
 
 
 @triton.jit
-def state_tile(base, i_x, s_x, i_h64, s_h, o_k, o_v, s_k, s_v):
-    """Pointers [BK, BV] to rows ``o_k`` and columns ``o_v`` of head ``i_h64`` in slot ``i_x`` (sequence or segment)
-    of a strided [N, H, DK, DV] state buffer; int64 offsets."""
-    return base + tl.cast(i_x, tl.int64) * s_x + i_h64 * s_h + o_k[:, None] * s_k + o_v[None, :] * s_v
+def tile_ranges(i_v, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr):
+    """A walk program's index ranges: tokens of a chunk ``o_t`` [BT], state rows ``o_k`` [BK] (all of DK) and
+    columns ``o_v`` [BV] (value tile ``i_v``), with the row, column and [BK, BV] tile masks."""
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < DK
+    m_v = o_v < DV
+    return o_t, o_k, o_v, m_k, m_v, m_k[:, None] & m_v[None, :]
 
 
 @triton.jit
-def load_state(base, i_x, s_x, i_h64, s_h, o_k, o_v, s_k, s_v, m_kv, ACC: tl.constexpr):
+def head_start(x, s, i_b, i_h):
+    """Pointer to token 0 of batch row ``i_b``, head ``i_h`` of a [B, T, H, D] tensor with strides ``s`` = (batch,
+    token, head); int64 offsets."""
+    return x + tl.cast(i_b, tl.int64) * s[0] + tl.cast(i_h, tl.int64) * s[2]
+
+
+@triton.jit
+def row_tile(x, s, i_b, i_h, rows, o_d):
+    """Pointers [R, D] to tokens ``rows`` [R] (int64) and columns ``o_d`` [D] of :func:`head_start`'s head."""
+    return head_start(x, s, i_b, i_h) + rows[:, None] * s[1] + o_d[None, :]
+
+
+@triton.jit
+def load_rows(x, s, i_b, i_h, rows, o_d, m_t, m_d):
+    """The [R, D] tile of :func:`row_tile`, zeros outside the row mask ``m_t`` and column mask ``m_d``."""
+    return tl.load(row_tile(x, s, i_b, i_h, rows, o_d), mask=m_t[:, None] & m_d[None, :], other=0.0)
+
+
+@triton.jit
+def state_tile(base, i_x, s, i_h, o_k, o_v):
+    """Pointers [BK, BV] to rows ``o_k`` and columns ``o_v`` of head ``i_h`` in slot ``i_x`` (sequence or segment)
+    of a [N, H, DK, DV] state buffer with strides ``s`` = (slot, head, row, column); int64 offsets."""
+    return (
+        base + tl.cast(i_x, tl.int64) * s[0] + tl.cast(i_h, tl.int64) * s[1] + o_k[:, None] * s[2]
+        + o_v[None, :] * s[3]
+    )  # fmt: skip
+
+
+@triton.jit
+def load_state(base, i_x, s, i_h, o_k, o_v, m_kv, ACC: tl.constexpr):
     """The state tile [BK, BV] of :func:`state_tile`, masked to the head dims and read as ``ACC``."""
-    return tl.load(state_tile(base, i_x, s_x, i_h64, s_h, o_k, o_v, s_k, s_v), mask=m_kv, other=0.0).to(ACC)
+    return tl.load(state_tile(base, i_x, s, i_h, o_k, o_v), mask=m_kv, other=0.0).to(ACC)
 
 
 @triton.jit
@@ -242,13 +276,8 @@ def _walk_kernel(
     states,  # [NSEG, H, DK, DV] segment-state buffer (SEG_IN: incoming, read; STATE_ONLY: local, written)
     cu_seqlens,  # [N + 1] (VARLEN 1)
     seg_table,  # [NSEG, 4] int32 (VARLEN 2)
-    sq_b, sq_t, sq_h,
-    sk_b, sk_t, sk_h,
-    sv_b, sv_t, sv_h,
-    so_b, so_t, so_h,
-    sh0_n, sh0_h, sh0_k, sh0_v,
-    sht_n, sht_h, sht_k, sht_v,
-    sst_n, sst_h, sst_k, sst_v,
+    sq, sk, sv, so,  # strides (batch, token, head) of q, k, v, o
+    sh0, sht, sst,  # strides (slot, head, row, column) of h0, ht, states
     scale_intra,  # multiplies the intra-chunk term
     scale_inter,  # multiplies the term read from the incoming state
     scale_upd,  # multiplies k_tᵀ v_t in the state update
@@ -284,35 +313,26 @@ def _walk_kernel(
     i_n, i_b, bos, eos, first, last = _segment(i_s, cu_seqlens, seg_table, T, NS, SEG, VARLEN)
     c = log2_decay(slope, i_h, HAS_DECAY, ACC)
 
-    o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k = o_k < DK
-    m_v = o_v < DV
-    m_kv = m_k[:, None] & m_v[None, :]
-    i_b64 = tl.cast(i_b, tl.int64)
-    i_h64 = tl.cast(i_h, tl.int64)
-    p_q = q + i_b64 * sq_b + i_h64 * sq_h
-    p_k = k + i_b64 * sk_b + i_h64 * sk_h
-    p_v = v + i_b64 * sv_b + i_h64 * sv_h
-    p_o = o + i_b64 * so_b + i_h64 * so_h
+    o_t, o_k, o_v, m_k, m_v, m_kv = tile_ranges(i_v, BT, BK, BV, DK, DV)
 
     if USE_TMA:
         # one descriptor per tensor over the rows [0, eos) of this (batch row, head): rows >= eos and columns >= DK
         # / DV read as zeros and are not written, as the masks below do, with no per-element address or mask in
         # registers (the copy engine computes them). Chunks end at eos or at C == BT tokens (no inter-only mode).
-        d_k = tl.make_tensor_descriptor(p_k, shape=[eos, DK], strides=[sk_t, 1], block_shape=[BT, BK])
-        d_v = tl.make_tensor_descriptor(p_v, shape=[eos, DV], strides=[sv_t, 1], block_shape=[BT, BV])
+        p_k, p_v = head_start(k, sk, i_b, i_h), head_start(v, sv, i_b, i_h)
+        d_k = tl.make_tensor_descriptor(p_k, shape=[eos, DK], strides=[sk[1], 1], block_shape=[BT, BK])
+        d_v = tl.make_tensor_descriptor(p_v, shape=[eos, DV], strides=[sv[1], 1], block_shape=[BT, BV])
         if not STATE_ONLY:
-            d_q = tl.make_tensor_descriptor(p_q, shape=[eos, DK], strides=[sq_t, 1], block_shape=[BT, BK])
-            d_o = tl.make_tensor_descriptor(p_o, shape=[eos, DV], strides=[so_t, 1], block_shape=[BT, BV])
+            p_q, p_o = head_start(q, sq, i_b, i_h), head_start(o, so, i_b, i_h)
+            d_q = tl.make_tensor_descriptor(p_q, shape=[eos, DK], strides=[sq[1], 1], block_shape=[BT, BK])
+            d_o = tl.make_tensor_descriptor(p_o, shape=[eos, DV], strides=[so[1], 1], block_shape=[BT, BV])
 
     # incoming state [BK, BV]: a segment boundary state from the scan, the initial state, or zeros
     b_s = tl.zeros([BK, BV], dtype=ACC)
     if SEG_IN:
-        b_s = load_state(states, i_s, sst_n, i_h64, sst_h, o_k, o_v, sst_k, sst_v, m_kv, ACC)
+        b_s = load_state(states, i_s, sst, i_h, o_k, o_v, m_kv, ACC)
     elif USE_H0:
-        b_s = load_state(h0, i_n, sh0_n, i_h64, sh0_h, o_k, o_v, sh0_k, sh0_v, m_kv, ACC)
+        b_s = load_state(h0, i_n, sh0, i_h, o_k, o_v, m_kv, ACC)
 
     # exponent offset of the incoming state: 1 (S_{-1} is decayed before token 0), except a reverse walk starting
     # from dht, where G_{T-1} = dht + ... (no decay); it becomes 1 after the first chunk
@@ -343,8 +363,8 @@ def _walk_kernel(
             b_k = d_k.load([lo, 0])
             b_v = d_v.load([lo, i_v * BV])
         else:
-            b_k = tl.load(p_k + rows[:, None] * sk_t + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
-            b_v = tl.load(p_v + rows[:, None] * sv_t + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
+            b_k = load_rows(k, sk, i_b, i_h, rows, o_k, m_t, m_k)
+            b_v = load_rows(v, sv, i_b, i_h, rows, o_v, m_t, m_v)
         if HAS_DECAY:
             # λ^(L-1-r): decay from the token to the chunk's last walk position; padding rows selected to 0
             k_dec = tail_decay(c, r, L, m_t, ACC)
@@ -354,7 +374,7 @@ def _walk_kernel(
             if USE_TMA:
                 b_q = d_q.load([lo, 0])
             else:
-                b_q = tl.load(p_q + rows[:, None] * sq_t + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
+                b_q = load_rows(q, sq, i_b, i_h, rows, o_k, m_t, m_k)
             # inter: λ^(r+d0) q · S with the factor applied to the product's rows (q goes to the tensor cores as
             # loaded; no [BT, K] fp32 copy live); the carried state stays fp32, only the product's operands may be
             # rounded
@@ -373,9 +393,7 @@ def _walk_kernel(
                 d_o.store([lo, i_v * BV], b_o.to(o.dtype.element_ty))
             else:
                 tl.store(
-                    p_o + rows[:, None] * so_t + o_v[None, :],
-                    b_o.to(o.dtype.element_ty),
-                    mask=m_t[:, None] & m_v[None, :],
+                    row_tile(o, so, i_b, i_h, rows, o_v), b_o.to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :]
                 )
 
         # state update: S = λ^(L-1+d0) S + scale_upd · Kᵀ (λ^(L-1-r) V), operands in the input dtype (the row factor
@@ -393,13 +411,13 @@ def _walk_kernel(
             d0 = d0 * 0 + 1
 
     if STATE_ONLY:
-        p_seg = state_tile(states, i_s, sst_n, i_h64, sst_h, o_k, o_v, sst_k, sst_v)
+        p_seg = state_tile(states, i_s, sst, i_h, o_k, o_v)
         tl.store(p_seg, b_s.to(states.dtype.element_ty), mask=m_kv)
     elif STORE_HT:
         if REVERSE:
             if HAS_DECAY:
                 b_s = b_s * tl.exp2(-c * d0.to(ACC))  # dh0 = λ G_0 (= dht when the sequence is empty)
-        p_ht = state_tile(ht, i_n, sht_n, i_h64, sht_h, o_k, o_v, sht_k, sht_v)
+        p_ht = state_tile(ht, i_n, sht, i_h, o_k, o_v)
         tl.store(p_ht, b_s.to(ht.dtype.element_ty), mask=m_kv)
 
 

@@ -106,11 +106,11 @@ if gluon is not None:
         return i_vp, i_h, i_s, i_s // NS, j, bos, eos, c
 
     @gluon.jit
-    def _rows_desc(base, n64, s_b, h64, s_h, s_t, eos, D: gl.constexpr, BR: gl.constexpr, BC: gl.constexpr):
-        """A descriptor over the rows [0, eos) of one (batch row, head) of a [B, T, H, D] tensor, in [BR, BC] tiles:
-        rows past eos read as zeros and are not written."""
+    def _rows_desc(base, s, n64, h64, eos, D: gl.constexpr, BR: gl.constexpr, BC: gl.constexpr):
+        """A descriptor over the rows [0, eos) of one (batch row, head) of a [B, T, H, D] tensor with strides ``s`` =
+        (batch, token, head), in [BR, BC] tiles: rows past eos read as zeros and are not written."""
         layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BR, BC], gl.bfloat16)
-        return tma.make_tensor_descriptor(base + n64 * s_b + h64 * s_h, shape=[eos, D], strides=[s_t, 1],
+        return tma.make_tensor_descriptor(base + n64 * s[0] + h64 * s[2], shape=[eos, D], strides=[s[1], 1],
                                           block_shape=[BR, BC], layout=layout)  # fmt: skip
 
     @gluon.jit
@@ -221,13 +221,8 @@ if gluon is not None:
         h0,  # [N, H, DK, DV] incoming state through strides (may be a transposed view)
         ht,  # [N, H, DK, DV] final state (forward) or dh0 (reverse)
         states,  # [NSEG, H, DK, DV] incoming state of each segment (SEG_IN)
-        sq_b, sq_t, sq_h,
-        sk_b, sk_t, sk_h,
-        sv_b, sv_t, sv_h,
-        so_b, so_t, so_h,
-        sh0_n, sh0_h, sh0_k, sh0_v,
-        sht_n, sht_h, sht_k, sht_v,
-        sst_n, sst_h, sst_k, sst_v,
+        sq, sk, sv, so,  # strides (batch, token, head) of q, k, v, o
+        sh0, sht, sst,  # strides (slot, head, row, column) of h0, ht, states
         scale_intra, scale_inter, scale_upd,
         T, H, NS, SEG,
         DK: gl.constexpr, DV: gl.constexpr,
@@ -249,17 +244,17 @@ if gluon is not None:
         qk_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, DK], gl.bfloat16)
         v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], gl.bfloat16)
         s_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([DK, BV], gl.bfloat16)
-        q_desc = _rows_desc(q, n64, sq_b, h64, sq_h, sq_t, eos, DK, BT, DK)
-        k_desc = _rows_desc(k, n64, sk_b, h64, sk_h, sk_t, eos, DK, BT, DK)
-        v_desc = _rows_desc(v, n64, sv_b, h64, sv_h, sv_t, eos, DV, BT, BV)
-        o_desc = _rows_desc(o, n64, so_b, h64, so_h, so_t, eos, DV, BT, BV)
+        q_desc = _rows_desc(q, sq, n64, h64, eos, DK, BT, DK)
+        k_desc = _rows_desc(k, sk, n64, h64, eos, DK, BT, DK)
+        v_desc = _rows_desc(v, sv, n64, h64, eos, DV, BT, BV)
+        o_desc = _rows_desc(o, so, n64, h64, eos, DV, BT, BV)
         if SEG_IN:
-            s_in = states + i_s.to(gl.int64) * sst_n + h64 * sst_h
-            sin_k, sin_v = sst_k, sst_v
+            s_in = states + i_s.to(gl.int64) * sst[0] + h64 * sst[1]
+            sin_k, sin_v = sst[2], sst[3]
         else:
-            s_in = h0 + n64 * sh0_n + h64 * sh0_h
-            sin_k, sin_v = sh0_k, sh0_v
-        s_out = ht + n64 * sht_n + h64 * sht_h
+            s_in = h0 + n64 * sh0[0] + h64 * sh0[1]
+            sin_k, sin_v = sh0[2], sh0[3]
+        s_out = ht + n64 * sht[0] + h64 * sht[1]
 
         q_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, DK], qk_layout)
         k_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, DK], qk_layout)
@@ -276,10 +271,10 @@ if gluon is not None:
         gl.warp_specialize(
             [
                 (_consumer, (0, o_desc, q_s, k_s, v_s, ready, empty, s_s0, vd_s0, o_s0, s_in, s_out, sin_k, sin_v,
-                             sht_k, sht_v, n_chunks, bos, eos, last, c, scale_intra, scale_inter, scale_upd, i_vp,
+                             sht[2], sht[3], n_chunks, bos, eos, last, c, scale_intra, scale_inter, scale_upd, i_vp,
                              DK, BT, BV, STAGES, REVERSE, HAS_IN, STORE_HT)),
                 (_consumer, (1, o_desc, q_s, k_s, v_s, ready, empty, s_s1, vd_s1, o_s1, s_in, s_out, sin_k, sin_v,
-                             sht_k, sht_v, n_chunks, bos, eos, last, c, scale_intra, scale_inter, scale_upd, i_vp,
+                             sht[2], sht[3], n_chunks, bos, eos, last, c, scale_intra, scale_inter, scale_upd, i_vp,
                              DK, BT, BV, STAGES, REVERSE, HAS_IN, STORE_HT)),
                 (_producer, (q_desc, k_desc, v_desc, q_s, k_s, v_s, ready, empty, n_chunks, bos, i_vp, BT, BV, STAGES,
                              REVERSE, True)),
@@ -321,9 +316,8 @@ if gluon is not None:
         k, v,  # [B, T, H, DK] / [B, T, H, DV] bf16, last dim contiguous, TMA-aligned
         slope,  # [H] float32 (unused without HAS_DECAY)
         states,  # [NSEG, H, DK, DV] out: each segment's local state
-        sk_b, sk_t, sk_h,
-        sv_b, sv_t, sv_h,
-        sst_n, sst_h, sst_k, sst_v,
+        sk, sv,  # strides (batch, token, head) of k, v
+        sst,  # strides (slot, head, row, column) of states
         scale_upd,
         T, H, NS, SEG,
         DK: gl.constexpr, DV: gl.constexpr,
@@ -345,9 +339,9 @@ if gluon is not None:
                 n_chunks = gl.where(j == NS - 1, 0, n_chunks)
         k_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, DK], gl.bfloat16)
         v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], gl.bfloat16)
-        k_desc = _rows_desc(k, n64, sk_b, h64, sk_h, sk_t, eos, DK, BT, DK)
-        v_desc = _rows_desc(v, n64, sv_b, h64, sv_h, sv_t, eos, DV, BT, BV)
-        out = states + i_s.to(gl.int64) * sst_n + h64 * sst_h
+        k_desc = _rows_desc(k, sk, n64, h64, eos, DK, BT, DK)
+        v_desc = _rows_desc(v, sv, n64, h64, eos, DV, BT, BV)
+        out = states + i_s.to(gl.int64) * sst[0] + h64 * sst[1]
 
         k_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, DK], k_layout)
         v_s = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, BT, BV], v_layout)
@@ -356,9 +350,9 @@ if gluon is not None:
         vd_s1 = gl.allocate_shared_memory(gl.bfloat16, [BT, BV], v_layout)
         gl.warp_specialize(
             [
-                (_state_consumer, (0, k_s, v_s, ready, empty, vd_s0, out, sst_k, sst_v, n_chunks, bos, eos, c,
+                (_state_consumer, (0, k_s, v_s, ready, empty, vd_s0, out, sst[2], sst[3], n_chunks, bos, eos, c,
                                    scale_upd, i_vp, DK, BT, BV, STAGES, REVERSE)),
-                (_state_consumer, (1, k_s, v_s, ready, empty, vd_s1, out, sst_k, sst_v, n_chunks, bos, eos, c,
+                (_state_consumer, (1, k_s, v_s, ready, empty, vd_s1, out, sst[2], sst[3], n_chunks, bos, eos, c,
                                    scale_upd, i_vp, DK, BT, BV, STAGES, REVERSE)),
                 # no q: k and its buffer stand in for it, unread (LOAD_Q off)
                 (_producer, (k_desc, k_desc, v_desc, k_s, k_s, v_s, ready, empty, n_chunks, bos, i_vp, BT, BV, STAGES,
