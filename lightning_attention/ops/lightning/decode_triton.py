@@ -56,23 +56,30 @@ def _launch(B: int, H: int, K: int, V: int, has_slope: bool, has_indices: bool, 
 _LAUNCHER = Launcher(decode_step_kernel, "lightning_attn_decode")
 
 
+def _pointers(q, k, v, state, slope, state_indices, out) -> tuple:
+    """The kernel's 7 pointer arguments: an absent slope or state_indices gets q, never read (library.pointers,
+    spelled out: this is on every step)."""
+    return q, k, v, state, q if slope is None else slope, q if state_indices is None else state_indices, out
+
+
+def _strides(q, k, v, state, out) -> tuple:
+    """The kernel's 16 stride arguments, after its pointers (then ``scale`` and the pool's row count P)."""
+    return (*q.stride(), *k.stride(), *v.stride(), *state.stride(), *out.stride())
+
+
 def launch_decode_step(q, k, v, state, slope, scale, state_indices, out, tiles=None) -> None:
     """Launches the kernel (inputs validated; ``out`` ``[B, H, V]`` given). ``tiles`` (BK, BV, num_warps) override
     the launch configuration (tests cover K loops and ragged V tiles with it).
 
-    The kernel's run-time arguments: 7 pointers (an absent slope or state_indices gets q, never read), 16 strides,
-    ``scale`` and the pool's row count P; the constexprs follow from the shapes.
+    The kernel's run-time arguments: 7 pointers (:func:`_pointers`), 16 strides (:func:`_strides`), ``scale`` and the
+    pool's row count P; the constexprs follow from the shapes.
     """
     B, H, K = q.shape
     # q.get_device(): -1 for a CPU tensor (the interpreter)
     grid, constexprs = _launch(B, H, K, v.shape[-1], slope is not None, state_indices is not None, q.get_device(),
                                tiles)  # fmt: skip
-    args = (  # absent slope / state_indices: q, never read (library.pointers, spelled out: this is a hot path)
-        q, k, v, state, q if slope is None else slope, q if state_indices is None else state_indices, out,
-        *q.stride(), *k.stride(), *v.stride(), *state.stride(), *out.stride(),
-        scale, state.shape[0],
-    )  # fmt: skip
-    _LAUNCHER(grid, args, constexprs, q)
+    args = (*_pointers(q, k, v, state, slope, state_indices, out), *_strides(q, k, v, state, out))
+    _LAUNCHER(grid, (*args, scale, state.shape[0]), constexprs, q)
 
 
 class _StructureLaunch:
@@ -89,11 +96,11 @@ class _StructureLaunch:
         self.grid, self.constexprs = _launch(
             B, H, K, v.shape[-1], slope is not None, state_indices is not None, q.get_device()
         )
-        self.strides = (*q.stride(), *k.stride(), *v.stride(), *state.stride(), *out.stride())
+        self.strides = _strides(q, k, v, state, out)
         self.rows, self.launcher, self.bound = state.shape[0], _LAUNCHER, {}
 
     def __call__(self, q, k, v, state, slope, scale, state_indices, out) -> None:
-        tensors = (q, k, v, state, q if slope is None else slope, q if state_indices is None else state_indices, out)
+        tensors = _pointers(q, k, v, state, slope, state_indices, out)
         a, b, c, d, e, f, g = addresses = (
             q.data_ptr(), k.data_ptr(), v.data_ptr(), state.data_ptr(), tensors[4].data_ptr(),
             tensors[5].data_ptr(), out.data_ptr(),
