@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+from transformers import GenerationConfig
 
 from lightning_attention.models.transnormer import TransNormerCache, cache_of
 from lightning_attention.models.transnormer.cache import CACHE_FIELD
@@ -87,6 +88,28 @@ def test_generate_continues_a_cache_handed_in():
     assert shapes == [(1, 4), (1, 1), (1, 1)]
     assert torch.equal(out, model.generate(ids, max_new_tokens=3, do_sample=False, use_cache=False))
     assert cache.get_seq_length() == 12 + 2
+
+
+@pytest.mark.skipif(not hasattr(GenerationConfig(), "prefill_chunk_size"), reason="transformers without chunked prefill")
+@pytest.mark.parametrize("variant", ["tnl", "hybrid"])
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left-padded"])
+def test_prefill_in_chunks_fills_one_cache(variant, padded):
+    """``prefill_chunk_size``: the prompt is read in pieces of 4 tokens into the cache generate() created, then one
+    token per step, and the tokens equal a single prefill's."""
+    model = tiny_tnl(torch.float64, **VARIANTS[variant])
+    # transformers 4.x reads the prompt but its last token in chunks through forward() (no hook sees them), then
+    # the last token as the first step
+    legacy = hasattr(model, "_prefill_chunking")
+    ids = torch.randint(1, 256, (2, 11))
+    kwargs = dict(do_sample=False)
+    if padded:
+        ids, mask = left_pad([ids[0].tolist(), ids[1, 5:].tolist()])
+        kwargs["attention_mask"] = mask
+    whole = generate(model, ids, **kwargs)
+    shapes = record_input_lengths(model)
+    chunked = generate(model, ids, prefill_chunk_size=4, **kwargs)
+    assert shapes == ([(2, 1)] * 6 if legacy else [(2, 4), (2, 4), (2, 3)] + [(2, 1)] * 5)
+    assert torch.equal(chunked, whole)
 
 
 def test_assisted_decoding_is_refused_clearly():

@@ -360,7 +360,16 @@ class TransNormerForCausalLM(TransNormerPreTrainedModel, GenerationMixin):
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
-        return False  # generate() must not create a DynamicCache: the first forward creates a TransNormerCache
+        return False  # generate() must not create a DynamicCache: the model's own cache is a TransNormerCache
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs):
+        """``generate()``'s hook that creates the cache before the prompt is read: an empty
+        :class:`TransNormerCache`, so that a prefill in pieces (``prefill_chunk_size``) fills one cache. A cache the
+        caller passed, or ``use_cache=False``, goes to transformers' own checks."""
+        if model_kwargs.get(CACHE_FIELD) is not None or generation_config.use_cache is False:
+            return super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+        model_kwargs[CACHE_FIELD] = TransNormerCache(self.config)
+        return None
 
 
 def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, cu_seqlens: torch.Tensor | None = None):
