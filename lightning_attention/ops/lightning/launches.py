@@ -26,7 +26,7 @@ from lightning_attention.ops.lightning.kernels.dkdv_walk import dkdv_kernel, tun
 from lightning_attention.ops.lightning.kernels.scan import lightning_scan_kernel
 from lightning_attention.ops.lightning.kernels.walk import tuned_walk_kernel, walk_kernel
 from lightning_attention.ops.lightning.launch import Launcher
-from lightning_attention.ops.lightning.library import pointers
+from lightning_attention.ops.lightning.library import pointers, token_strides
 from lightning_attention.ops.lightning.naive import compute_dtype
 from lightning_attention.ops.lightning.plan import (
     ChunkProblem,
@@ -90,12 +90,6 @@ def _strides(x: Ref | None) -> tuple:
     return (0, 0, 0, 0) if x is None else x.stride()
 
 
-def _token_strides(*xs: Ref) -> tuple:
-    """Each [B, T, H, D] tensor's strides (batch, token, head) as one kernel argument each (the last dim is
-    contiguous: its stride is not passed)."""
-    return tuple(x.stride()[:3] for x in xs)
-
-
 def walk_launch(
     b, p, q, k, v, o, *, slope, h0, ht, states, plan, T, H, scale_intra, scale_inter, scale_upd, reverse,
     state_only, inter_chunk=0, skip_final=False,
@@ -127,7 +121,7 @@ def walk_launch(
     table = None if plan.seg_table is None else _segment_table(b, plan)
     args = (
         q, k, v, o_, *pointers(q, slope, h0, ht, states, cu, table),
-        *_token_strides(q, k, v, o_), _strides(h0), _strides(ht), _strides(states),
+        *token_strides(q, k, v, o_), _strides(h0), _strides(ht), _strides(states),
         float(scale_intra), float(scale_inter), float(scale_upd),
         T, H, plan.per_seq, plan.seg_len, inter_chunk if not state_only else 0,
         waves(p, cdiv(DV, 64) * H * plan.total),
@@ -170,7 +164,7 @@ def _two_warpgroup_walk(
     DK, DV = q.shape[-1], v.shape[-1]
     args = (
         q, k, v, o, *pointers(q, slope, h0, ht, states),
-        *_token_strides(q, k, v, o), _strides(h0), _strides(ht), _strides(states),
+        *token_strides(q, k, v, o), _strides(h0), _strides(ht), _strides(states),
         float(scale_intra), float(scale_inter), float(scale_upd),
         T, H, plan.per_seq, plan.seg_len,
     )  # fmt: skip
@@ -191,7 +185,7 @@ def _two_warpgroup_prepass(b, k, v, states, *, slope, plan, T, H, scale_upd, rev
     DK, DV = k.shape[-1], v.shape[-1]
     args = (
         k, v, *pointers(k, slope), states,
-        *_token_strides(k, v), _strides(states),
+        *token_strides(k, v), _strides(states),
         float(scale_upd), T, H, plan.per_seq, plan.seg_len,
     )  # fmt: skip
     constexprs = dict(
@@ -211,7 +205,7 @@ def dkdv_launch(b, p, q, k, v, do, dk, dv, *, slope, dht, dh0, g_states, plan, T
     table = None if plan.seg_table is None else _segment_table(b, plan)
     args = (
         q, k, v, do, dk, dv, *pointers(q, slope, dht, dh0, g_states, cu, table),
-        *_token_strides(q, k, v, do, dk, dv), _strides(dht), _strides(dh0), _strides(g_states),
+        *token_strides(q, k, v, do, dk, dv), _strides(dht), _strides(dh0), _strides(g_states),
         float(scale), T, H, plan.per_seq, plan.seg_len, inter_chunk,
     )  # fmt: skip
     constexprs = dict(

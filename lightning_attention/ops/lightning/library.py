@@ -24,6 +24,12 @@ def pointers(dummy: torch.Tensor, *tensors):
     return tuple(dummy if t is None else t for t in tensors)
 
 
+def token_strides(*xs) -> tuple:
+    """Each ``[B, T, H, D]`` tensor's strides (batch, token, head) as one kernel argument (a stride group) each; the
+    last dim is contiguous (:func:`last_dim_contiguous`), so its stride is not passed."""
+    return tuple(x.stride()[:3] for x in xs)
+
+
 def last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     """Strided views are taken as they are (the kernels take strides); only a non-unit last stride is copied."""
     return x if x.stride(-1) == 1 else x.contiguous()

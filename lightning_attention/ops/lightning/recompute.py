@@ -42,7 +42,7 @@ import triton.language as tl
 from lightning_attention.ops.lightning.kernels.configs import cdiv, padded_dim
 from lightning_attention.ops.lightning.kernels.recompute import recompute_bwd_kernel
 from lightning_attention.ops.lightning.launch import Launcher
-from lightning_attention.ops.lightning.library import last_dim_contiguous, on_device_of, pointers
+from lightning_attention.ops.lightning.library import last_dim_contiguous, on_device_of, pointers, token_strides
 from lightning_attention.ops.lightning.naive import compute_dtype
 from lightning_attention.ops.lightning.offsets import offsets_for
 
@@ -168,7 +168,7 @@ def recompute_backward(
     grid = (N * H, 2 * cdiv(K, cfg.BK) + cdiv(V, cfg.BV))
     args = (
         q, k, v, do, *pointers(q, h0, dht, slope, cu_seqlens), dq, dk, dv, *pointers(q, dh0),
-        T, H, *(x.stride()[:3] for x in (q, k, v, do)), float(scale),
+        T, H, *token_strides(q, k, v, do), float(scale),
     )  # fmt: skip
     constexprs = dict(
         K=K, V=V, BT=cfg.BT, BK=cfg.BK, BV=cfg.BV, K_PAD=cfg.K_pad, V_PAD=cfg.V_pad,
