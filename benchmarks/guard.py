@@ -17,6 +17,11 @@ decode step at batch 1 and 64, and the TNL 40m training step's tokens/s (host-bo
 minimum within a process: ``guard_points.py`` says why). The Triton cache on disk is shared, so only the first
 processes compile.
 
+The host-time points form a paired group (``host``): each of its processes imports both packages and interleaves
+their loops, the older one imported as ``lightning_attention_old`` from a copy under ``DIR/renamed/`` in which that
+name replaces ``lightning_attention`` (its modules, imports and op namespace). A process that runs slow then slows
+both packages alike, and the point's ratio is the median of the per-process ratios (``guard_points.py`` says why).
+
 The rule (``report``, also run after every repetition): a point is launch-bound when, in either package, its host
 time per call is above its device time; a launch-bound point passes when the new median is within 5% or 0.5 µs of
 the old one, any other point when it is within 3% (slower by more fails; faster always passes). The verdict is PASS
@@ -31,6 +36,7 @@ import json
 import os
 import pathlib
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -40,7 +46,7 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.append(str(HERE))  # appended, never first: this folder holds no package that could shadow the measured one
 
-from guard_points import PINS, POINTS
+from guard_points import OLD_PACKAGE, PAIRED_GROUPS, PINS, POINTS
 
 PIN_VARIABLE = "LIGHTNING_ATTENTION_KERNEL_CONFIG"
 DEVICE_TOLERANCE, LAUNCH_TOLERANCE, LAUNCH_ABSOLUTE_US = 0.03, 0.05, 0.5
@@ -59,26 +65,36 @@ def measure(args) -> int:
     if not torch.cuda.is_available():
         print("guard measure: needs a CUDA GPU (it times kernels; nothing was measured)", file=sys.stderr)
         return 2
+    import importlib
+
     import triton
-    from guard_points import measure_group
+    from guard_points import measure_group, measure_pair
 
     import lightning_attention as la
 
-    file = pathlib.Path(la.__file__).resolve()
-    if args.expect_root and not file.is_relative_to(pathlib.Path(args.expect_root).resolve()):
-        print(f"guard measure: imported {file}, not the package under {args.expect_root}", file=sys.stderr)
-        return 3
+    paired = args.group in PAIRED_GROUPS
+    expected = [("lightning_attention", args.expect_root)] + ([(OLD_PACKAGE, args.expect_old_root)] if paired else [])
+    files = {}
+    for name, root in expected:
+        files[name] = pathlib.Path(importlib.import_module(name).__file__).resolve()
+        if root and not files[name].is_relative_to(pathlib.Path(root).resolve()):
+            print(f"guard measure: imported {files[name]}, not the package under {root}", file=sys.stderr)
+            return 3
     t0 = time.perf_counter()
-    values = measure_group(args.group)
+    values = measure_pair(args.group) if paired else measure_group(args.group)
     doc = {
-        "group": args.group, "label": args.label, "rep": args.rep, "pin": os.environ.get(PIN_VARIABLE),
-        "package": {"file": str(file), "version": getattr(la, "__version__", None)},
+        "group": args.group, "label": "pair" if paired else args.label, "rep": args.rep,
+        "pin": os.environ.get(PIN_VARIABLE),
+        "package": {"file": str(files["lightning_attention"]), "version": getattr(la, "__version__", None),
+                    **({"old_file": str(files[OLD_PACKAGE])} if paired else {})},
         "machine": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                     "cuda": torch.version.cuda, "python": platform.python_version()},
         "points": values, "elapsed_s": time.perf_counter() - t0,
     }  # fmt: skip
     pathlib.Path(args.out).write_text(json.dumps(doc, indent=1))
-    print(json.dumps({name: round(v["value"], 4) for name, v in values.items()}), flush=True)
+    sides = values if paired else {args.label: values}
+    print(json.dumps({label: {name: round(v["value"], 4) for name, v in side.items()} for label, side in sides.items()}),
+          flush=True)  # fmt: skip
     return 0
 
 
@@ -116,21 +132,40 @@ def _gpu_line() -> str | None:
     return proc.stdout.strip().splitlines()[0] if proc.returncode == 0 and proc.stdout.strip() else None
 
 
+def renamed_copy(old_root: pathlib.Path, dest: pathlib.Path) -> pathlib.Path:
+    """The package under ``old_root`` copied to ``dest/lightning_attention_old``, that name written for
+    ``lightning_attention`` in every Python file (modules, imports, the torch.library op namespace; the upper-case
+    ``LIGHTNING_ATTENTION_*`` settings stay), so that a process can import it beside the new one; returns ``dest``."""
+    target = dest / OLD_PACKAGE
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(old_root / "lightning_attention", target, ignore=shutil.ignore_patterns("__pycache__"))
+    for file in target.rglob("*.py"):
+        file.write_text(re.sub(r"\blightning_attention\b", OLD_PACKAGE, file.read_text()))
+    return dest
+
+
 def plan_processes(roots: dict[str, pathlib.Path], reps: int, groups: list[str], out: pathlib.Path) -> list[dict]:
-    """The processes of a run, in order: for each repetition and group, the old package then the new one."""
+    """The processes of a run, in order: for each repetition and group, the old package then the new one, or, for a
+    paired group, one process importing both (the old one from ``out/renamed``, which :func:`renamed_copy` fills)."""
     inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     # the inherited path without either package root: only the root put first decides which package is imported
     baseline = [p for p in inherited if pathlib.Path(p).resolve() not in roots.values()]
     clean = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTNING_ATTENTION_")}
+    renamed = out / "renamed"
     processes = []
     for rep in range(1, reps + 1):
         for group in groups:
-            for label in ("old", "new"):
-                root = roots[label]
+            for label in ("pair",) if group in PAIRED_GROUPS else ("old", "new"):
+                root = roots["new" if label == "pair" else label]
                 file = out / "raw" / f"{label}-{group}-rep{rep}.json"
                 cmd = [sys.executable, "-P", str(HERE / "guard.py"), "measure", "--group", group, "--label", label,
                        "--rep", str(rep), "--expect-root", str(root), "--out", str(file)]  # fmt: skip
-                env = {**clean, "PYTHONPATH": os.pathsep.join([str(root), *baseline])}
+                path = [str(root), *baseline]
+                if label == "pair":
+                    cmd[-2:-2] = ["--expect-old-root", str(renamed)]
+                    path.insert(1, str(renamed))
+                env = {**clean, "PYTHONPATH": os.pathsep.join(path)}
                 if PINS[group] is not None:
                     env[PIN_VARIABLE] = PINS[group]
                 processes.append({"rep": rep, "group": group, "label": label, "cmd": cmd, "env": env, "file": file})
@@ -145,8 +180,11 @@ def run(args) -> int:
         raise SystemExit(f"guard run: unknown groups {unknown}; groups are {sorted(PINS)}")
     out = pathlib.Path(args.out)
     processes = plan_processes(roots, args.reps, groups, out)
+    per_rep = len(processes) // args.reps
     warm = len(processes) * PROCESS_S
-    print(f"guard: {len(processes)} processes ({args.reps} repetitions x {len(groups)} groups x 2 packages); about "
+    paired = [g for g in groups if g in PAIRED_GROUPS]
+    shape = f"{len(groups) - len(paired)} groups x 2 packages" + (f" + {len(paired)} paired" if paired else "")
+    print(f"guard: {len(processes)} processes ({args.reps} repetitions x ({shape})); about "
           f"{(warm + 2 * COMPILE_S) / 60:.0f} min with a cold Triton cache, {warm / 60:.0f} min with a warm one",
           flush=True)  # fmt: skip
     if args.dry_run:
@@ -162,6 +200,8 @@ def run(args) -> int:
         "budget_s": args.budget_s, "stopped": None,
     }  # fmt: skip
     (out / "plan.json").write_text(json.dumps(plan, indent=1))
+    if paired:
+        renamed_copy(roots["old"], out / "renamed")
     start, durations = time.perf_counter(), {}
     for i, p in enumerate(processes, 1):
         elapsed = time.perf_counter() - start
@@ -185,7 +225,7 @@ def run(args) -> int:
         left = sum(statistics.median(durations.get(q["group"], [took])) for q in processes[i:])
         print(f"[{i}/{len(processes)}] rep {p['rep']} {p['group']:6s} {p['label']}: {status} in {took:.1f} s; "
               f"{time.perf_counter() - start:.0f} s so far, about {left:.0f} s left", flush=True)  # fmt: skip
-        if i % (2 * len(groups)) == 0:  # a repetition is complete: the report so far, should the call be cut short
+        if i % per_rep == 0:  # a repetition is complete: the report so far, should the call be cut short
             report_folder(out, quiet=True)
     (out / "plan.json").write_text(json.dumps(plan, indent=1))
     return report_folder(out)
@@ -199,17 +239,18 @@ def _median(values: list) -> float | None:
     return statistics.median(values) if values else None
 
 
-def judge(point, old: dict, new: dict) -> dict:
-    """The verdict of one point from each package's medians (``value``, ``device``, ``host``; None: not measured)."""
+def judge(point, old: dict, new: dict, ratio: float | None = None) -> dict:
+    """The verdict of one point from each package's medians (``value``, ``device``, ``host``; None: not measured);
+    ``ratio``: new ÷ old where it is not the ratio of the medians (a paired point: the median of its processes')."""
     if old["value"] is None or new["value"] is None:
         return {"bound": None, "change": None, "verdict": "MISSING"}
     launch = any(m["host"] is not None and m["device"] is not None and m["host"] > m["device"] for m in (old, new))
     # change > 0: the new package is slower (a longer time, or fewer tokens per second)
-    ratio = new["value"] / old["value"]
+    ratio = new["value"] / old["value"] if ratio is None else ratio
     change = 1 / ratio - 1 if point.higher_is_better else ratio - 1
     if launch:
         scale_us = {"ms": 1e3, "us": 1.0}.get(point.unit)
-        slower_us = None if scale_us is None else (new["value"] - old["value"]) * scale_us
+        slower_us = None if scale_us is None else (ratio - 1) * old["value"] * scale_us
         ok = change <= LAUNCH_TOLERANCE or (slower_us is not None and slower_us <= LAUNCH_ABSOLUTE_US)
     else:
         ok = change <= DEVICE_TOLERANCE
@@ -221,12 +262,24 @@ def summarize(raw: list[dict], reps: int) -> dict:
     """Per point, each package's runs and medians and the verdict; the overall verdict."""
     points, verdicts = [], []
     for point in POINTS:
-        side = {}
+        side, paired = {}, point.group in PAIRED_GROUPS
         for label in ("old", "new"):
-            runs = [doc["points"][point.name] for doc in raw if doc["label"] == label and point.name in doc["points"]]
+            if paired:  # a paired process's file holds both packages: {"old": {point: ...}, "new": {...}}
+                runs = [doc["points"][label][point.name] for doc in raw
+                        if doc["label"] == "pair" and point.name in doc["points"].get(label, {})]  # fmt: skip
+            else:
+                runs = [
+                    doc["points"][point.name] for doc in raw if doc["label"] == label and point.name in doc["points"]
+                ]
             medians = {key: _median([r[key] for r in runs]) for key in ("value", "device", "host")}
             side[label] = {"runs": runs, **medians}
-        verdict = judge(point, side["old"], side["new"])
+        ratios = None
+        if paired:
+            ratios = [n["value"] / o["value"] for o, n in zip(side["old"]["runs"], side["new"]["runs"])
+                      if o["value"] and n["value"] is not None]  # fmt: skip
+        verdict = judge(point, side["old"], side["new"], _median(ratios) if ratios else None)
+        if paired:
+            verdict["process_ratios"] = ratios
         short = min(len(side["old"]["runs"]), len(side["new"]["runs"])) < reps
         verdicts.append("INCOMPLETE" if verdict["verdict"] in ("MISSING", "PASS") and short else verdict["verdict"])
         points.append({"name": point.name, "group": point.group, "what": point.what, "unit": point.unit,
@@ -245,7 +298,8 @@ def markdown(result: dict) -> str:
     gpu += f", triton {machine.get('triton')}"
     commits = {label: packages.get(label, {}).get("commit") or "?" for label in ("old", "new")}
     sitting = (f"{gpu}, CUDA {machine.get('cuda')}. Old: {commits['old']}, new: {commits['new']}. Medians of "
-               f"{result['reps']} runs each, the packages alternating.")  # fmt: skip
+               f"{result['reps']} runs each, the packages alternating; a paired point's packages share each process "
+               f"(their loops interleaved), and its ratio is the median of the processes' ratios.")  # fmt: skip
     rule = ("Rule: a launch-bound point (host time per call above the device time, in either package) passes within "
             "5% or 0.5 µs of the old median, any other within 3%.")  # fmt: skip
     lines = [
@@ -262,6 +316,8 @@ def markdown(result: dict) -> str:
         ratio = "-" if p.get("ratio") is None else f"{p['ratio']:.3f}"
         bound = f"{p['bound'] or '-'} ({_num(p['new']['host'])} / {_num(p['new']['device'])})"
         runs = f"{len(p['old']['runs'])}/{len(p['new']['runs'])} runs"
+        if p.get("process_ratios"):
+            runs = f"{len(p['process_ratios'])} paired runs: " + ", ".join(f"{r:.3f}" for r in p["process_ratios"])
         lines.append(f"| {p['name']}: {p['what']} | {p['unit']} | {_num(p['old']['value'])} | "
                      f"{_num(p['new']['value'])} | {ratio} | {bound} | {p['verdict']} ({runs}) |")  # fmt: skip
     if result.get("stopped"):
@@ -278,7 +334,9 @@ def report_folder(folder: pathlib.Path, quiet: bool = False) -> int:
     reps = plan.get("reps", 3)
     result = {**summarize(raw, reps), "reps": reps, "gpu": plan.get("gpu"), "stopped": plan.get("stopped"),
               "machine": raw[0]["machine"] if raw else None, "packages": plan.get("packages", {}),
-              "imported": sorted({f"{d['label']}: {d['package']['file']}" for d in raw}), "runs": raw}  # fmt: skip
+              "imported": sorted({f"{d['label']}: {d['package']['file']}" for d in raw}
+                                 | {f"pair, old: {d['package']['old_file']}" for d in raw if "old_file" in d["package"]}),
+              "runs": raw}  # fmt: skip
     (folder / "guard.json").write_text(json.dumps(result, indent=1))
     text = markdown(result)
     (folder / "guard.md").write_text(text)
@@ -306,9 +364,10 @@ def main(argv=None) -> int:
     p = sub.add_parser("measure", help="one group in this process (run starts these; needs a GPU)")
     p.add_argument("--group", required=True, choices=sorted(PINS))
     p.add_argument("--out", required=True)
-    p.add_argument("--label", default="new", choices=("old", "new"))
+    p.add_argument("--label", default="new", choices=("old", "new", "pair"), help="pair: a paired group's process")
     p.add_argument("--rep", type=int, default=1)
     p.add_argument("--expect-root", default=None, help="refuse unless lightning_attention is imported from here")
+    p.add_argument("--expect-old-root", default=None, help=f"paired groups: refuse unless {OLD_PACKAGE} is from here")
     args = parser.parse_args(argv)
     if args.command == "measure":
         return measure(args)

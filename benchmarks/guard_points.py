@@ -16,6 +16,12 @@ Host times, and the decode step's times, are the minimum over many loops in the 
 the host is shared (other tenants, other cores' work, frequency changes), so a loop is only ever slowed down by
 interference, and on the H100 machines medians of a few loops spread ±30% between processes running the same code.
 The minimum measures the code; the guard's median over processes then discards a process that ran slow throughout.
+
+Even the minimum of a process moves by up to 1.6× between processes of the same code (the core it runs on, what
+shares that core, the layout of its memory), far beyond the 5% a host-time point is judged by. The ``host`` group
+is therefore paired: one process imports both packages, the older one renamed (:data:`OLD_PACKAGE`, a copy that
+``guard.py`` makes), and interleaves their loops, so that whatever slows the process slows both; the guard judges
+the median of the per-process ratios.
 """
 
 import dataclasses
@@ -42,7 +48,11 @@ PINS = {
     "k64": "BT=64,BV=64,num_warps=4,num_stages=2",
     "k256": "BT=64,BV=32,num_warps=4,num_stages=3",
     "decode": None,
+    "host": "BT=64,BV=64,num_warps=4,num_stages=4",  # the k128 pin: the host points are K = V = 128 calls
 }
+# groups whose one process measures both packages (each run gives a value of each package and their ratio)
+PAIRED_GROUPS = frozenset({"host"})
+OLD_PACKAGE = "lightning_attention_old"  # the older package's name in a paired process
 HEADS = 16
 GRID_A_TOKENS = 65536  # grid (a): batch = 65536 / T
 GRID_A_K128 = (2048, 8192, 32768)
@@ -64,7 +74,7 @@ def _grid_points(group: str, dim: int, seqlens) -> list[Point]:
 POINTS: tuple[Point, ...] = (
     *_grid_points("k128", 128, GRID_A_K128),
     Point("b128-T131072-fwdbwd", "k128", "grid (b) K = V = 128, T = 131072, B = 1: forward + backward", "ms"),
-    *(Point(f"host-T1024-{call}", "k128", f"host time per call, B = 1, T = 1024, K = V = 128: {label}", "us")
+    *(Point(f"host-T1024-{call}", "host", f"host time per call, B = 1, T = 1024, K = V = 128: {label}", "us")
       for call, label in (("fwd", "forward"), ("fwdbwd", "forward + backward"))),
     *_grid_points("k64", 64, (8192,)),
     Point("tnl40m-train", "k64", f"TNL 40m training step (bf16 autocast, AdamW), {MODEL_BATCH} x {MODEL_CONTEXT} "
@@ -89,16 +99,35 @@ def _chunk_point(fn, host_calls: int) -> dict:
     return {"value": value, "device": value, "host": host_ms(fn, calls=host_calls, loops=5, statistic=min)}
 
 
-def _host_point(fn) -> dict:
-    """Host µs per call, with the device µs of the same call as a CUDA-graph replay (do_bench if it cannot be
-    captured)."""
-    from timed_calls import device_ms, graph_ms, host_ms
+def _device_us(fn) -> float:
+    """Device µs of one call as a CUDA-graph replay (do_bench if it cannot be captured)."""
+    from timed_calls import device_ms, graph_ms
 
-    fn()
-    host = host_ms(fn, calls=40, loops=25, statistic=min) * 1e3
     device = graph_ms(fn, warmup=10, rep=60)
-    device = device_ms(fn, warmup=10, rep=60) if device is None else device
-    return {"value": host, "device": device * 1e3, "host": host}
+    return (device_ms(fn, warmup=10, rep=60) if device is None else device) * 1e3
+
+
+def _host_pair(loops: int = 25, calls: int = 40) -> dict[str, dict[str, dict]]:
+    """The host points of both packages in this process: {"old" | "new": {point: {"value", "device", "host"}}}.
+    Their loops interleave (old, new, then new, old, ...), each package's host time the minimum of its ``loops``."""
+    import importlib
+
+    from timed_calls import host_ms, make_problem
+
+    import lightning_attention
+
+    packages = {"old": importlib.import_module(OLD_PACKAGE), "new": lightning_attention}
+    problems = {label: make_problem(*HOST_SHAPE, HEADS, 128, package=p) for label, p in packages.items()}
+    out = {"old": {}, "new": {}}
+    for name, call in (("host-T1024-fwd", "fwd"), ("host-T1024-fwdbwd", "fwd_bwd")):
+        fns = {label: getattr(problem, call) for label, problem in problems.items()}
+        host = {"old": [], "new": []}
+        for i in range(loops):
+            for label in ("old", "new") if i % 2 == 0 else ("new", "old"):
+                host[label].append(host_ms(fns[label], calls=calls, loops=1) * 1e3)
+        for label, fn in fns.items():
+            out[label][name] = {"value": min(host[label]), "device": _device_us(fn), "host": min(host[label])}
+    return out
 
 
 def _grid(dim: int, seqlens) -> dict:
@@ -190,6 +219,14 @@ def _decode(batch: int, steps: int = 200, loops: int = 15) -> dict:
     }
 
 
+def measure_pair(group: str) -> dict[str, dict[str, dict]]:
+    """What :func:`measure_group` returns, for each package ("old", "new") of a paired group: both measured in this
+    process (the older one importable as :data:`OLD_PACKAGE`)."""
+    if group == "host":
+        return _host_pair()
+    raise ValueError(f"{group!r} is not a paired group; paired groups are {sorted(PAIRED_GROUPS)}")
+
+
 def measure_group(group: str) -> dict[str, dict]:
     """point name -> {"value", "device", "host"} (device and host in the point's unit, None where not measured) of
     every point of ``group``, measured in this process (the pin is already in its environment)."""
@@ -199,10 +236,6 @@ def measure_group(group: str) -> dict[str, dict]:
         out = _grid(128, GRID_A_K128)
         b = make_problem(1, 131072, HEADS, 128)
         out["b128-T131072-fwdbwd"] = _chunk_point(b.fwd_bwd, host_calls=10)
-        del b
-        small = make_problem(*HOST_SHAPE, HEADS, 128)
-        out["host-T1024-fwd"] = _host_point(small.fwd)
-        out["host-T1024-fwdbwd"] = _host_point(small.fwd_bwd)
         return out
     if group == "k64":
         return {**_grid(64, (8192,)), "tnl40m-train": _model_tokens_per_s()}

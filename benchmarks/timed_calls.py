@@ -40,20 +40,21 @@ class Problem:
     fwd_bwd: Callable[[], tuple]
 
 
-def make_problem(B: int, T: int, H: int = 16, D: int = 128, dtype=torch.bfloat16, seed: int = 0) -> Problem:
-    """``fwd``: ``lightning_attn(q, k, v, slope)`` under no_grad; ``fwd_bwd``: forward + ``autograd.grad`` w.r.t.
-    q, k, v (no ``.grad`` accumulates, so repeated calls need no clearing)."""
+def make_problem(B: int, T: int, H: int = 16, D: int = 128, dtype=torch.bfloat16, seed: int = 0, package=la) -> Problem:
+    """``fwd``: ``package.lightning_attn(q, k, v, slope)`` under no_grad; ``fwd_bwd``: forward + ``autograd.grad``
+    w.r.t. q, k, v (no ``.grad`` accumulates, so repeated calls need no clearing). ``package``: this package, or
+    another version of it imported under another name (the guard's paired host points)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    slope = la.tnl_slopes(H, 0, 12).cuda()
+    slope = package.tnl_slopes(H, 0, 12).cuda()
     q, k, v, do = (torch.randn(B, T, H, D, device="cuda", dtype=dtype, generator=gen) for _ in range(4))
     q, k, v = (x.requires_grad_() for x in (q, k, v))
 
     def fwd():
         with torch.no_grad():
-            return la.lightning_attn(q, k, v, slope)
+            return package.lightning_attn(q, k, v, slope)
 
     def fwd_bwd():
-        o, _ = la.lightning_attn(q, k, v, slope)
+        o, _ = package.lightning_attn(q, k, v, slope)
         return torch.autograd.grad(o, (q, k, v), do)
 
     return Problem(q, k, v, do, slope, fwd, fwd_bwd)

@@ -1,11 +1,15 @@
 """benchmarks/guard.py without a GPU: the verdicts of ``report`` on synthetic runs (launch- against device-bound
-points, PASS, FAIL, INCOMPLETE), the processes ``run`` plans, a whole ``run`` with the GPU processes replaced by
-fakes, and ``measure`` refusing to run on a CPU."""
+points, paired points, PASS, FAIL, INCOMPLETE), the processes ``run`` plans, a whole ``run`` with the GPU processes
+replaced by fakes, the renamed copy of the older package imported beside the current one, and ``measure`` refusing
+to run on a CPU."""
 
 import importlib
 import json
+import os
 import pathlib
 import subprocess
+import sys
+import types
 
 import pytest
 import torch
@@ -20,7 +24,8 @@ def guard():
         yield importlib.import_module("guard")
 
 
-def _raw(folder: pathlib.Path, label: str, rep: int, values: dict[str, dict], group: str = "all") -> None:
+def _raw(folder: pathlib.Path, label: str, rep: int, values: dict, group: str = "all") -> None:
+    """One process's file; ``label`` "pair": ``values`` is {"old": {...}, "new": {...}}."""
     raw = folder / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     doc = {"group": group, "label": label, "rep": rep, "package": {"file": f"/{label}/lightning_attention/__init__.py"},
@@ -34,16 +39,30 @@ def _every_point(guard, value=1.0, device=1.0, host=0.1) -> dict[str, dict]:
 
 
 def _write_run(guard, folder, changes: dict[str, tuple[dict, dict]], reps: int = 3) -> None:
-    """Every point at 1.0 (device-bound) in both packages, except ``changes``: name -> (old, new) medians' inputs."""
+    """Every point at 1.0 (device-bound) in both packages, except ``changes``: name -> (old, new) medians' inputs, or
+    a list of such pairs, one per repetition. The paired groups' points go to "pair" files, the others to one file
+    per package."""
     (folder / "plan.json").parent.mkdir(parents=True, exist_ok=True)
-    (folder / "plan.json").write_text(json.dumps({"reps": 3, "gpu": "NVIDIA H100 80GB HBM3, 580.159.04, 81559 MiB",
-                                                  "packages": {"old": {"commit": "d032eca"}, "new": {"commit": "abc"}}}))
+    (folder / "plan.json").write_text(
+        json.dumps(
+            {
+                "reps": 3,
+                "gpu": "NVIDIA H100 80GB HBM3, 580.159.04, 81559 MiB",
+                "packages": {"old": {"commit": "d032eca"}, "new": {"commit": "abc"}},
+            }
+        )
+    )
+    paired = {p.name for p in guard.POINTS if p.group in guard.PAIRED_GROUPS}
     for rep in range(1, reps + 1):
+        sides = {}
         for i, label in enumerate(("old", "new")):
             values = _every_point(guard)
-            for name, sides in changes.items():
-                values[name] = dict(sides[i])
-            _raw(folder, label, rep, values)
+            for name, change in changes.items():
+                values[name] = dict((change[rep - 1] if isinstance(change, list) else change)[i])
+            sides[label] = values
+            _raw(folder, label, rep, {k: v for k, v in values.items() if k not in paired})
+        _raw(folder, "pair", rep, {label: {k: v for k, v in values.items() if k in paired}
+                                   for label, values in sides.items()}, group="host")  # fmt: skip
 
 
 def _points(folder) -> dict[str, dict]:
@@ -82,11 +101,38 @@ def test_report_judges_device_and_launch_bound_points(guard, tmp_path):
     assert len(got["a128-T2048-fwd"]["old"]["runs"]) == 3
     summary = json.loads((tmp_path / "guard.json").read_text())
     assert summary["verdict"] == "FAIL" and summary["machine"]["triton"] == "3.6.0"
-    assert summary["packages"]["old"]["commit"] == "d032eca" and len(summary["runs"]) == 6
+    assert summary["packages"]["old"]["commit"] == "d032eca" and len(summary["runs"]) == 9
     table = (tmp_path / "guard.md").read_text()
     assert table.startswith("# Guard: FAIL")
-    assert "| a128-T8192-fwd: grid (a) K = V = 128, T = 8192, B = 8: forward, do_bench median | ms | 0.5 | 0.5175 | 1.035 |" in table
-    assert "| launch (41.8 / 12) | PASS (3/3 runs) |" in table
+    assert (
+        "| a128-T8192-fwd: grid (a) K = V = 128, T = 8192, B = 8: forward, do_bench median | ms | 0.5 | 0.5175 | 1.035 |"
+        in table
+    )
+    assert "| launch (41.8 / 12) | PASS (3 paired runs: 1.045, 1.045, 1.045) |" in table
+    assert "| launch (2.4 / 1) | PASS (3/3 runs) |" in table  # decode-b1-step: unpaired
+
+
+def _host(us: float, device: float = 30.0) -> dict:
+    return {"value": us, "device": device, "host": us}
+
+
+def test_paired_points_are_judged_by_the_median_of_their_processes_ratios(guard, tmp_path):
+    """A process that runs slow slows both packages in it: the ratio of the two packages' medians can mix processes
+    (here 145 ÷ 120 = 1.21, a FAIL), the median of the per-process ratios (1.04) cannot."""
+    changes = {
+        "host-T1024-fwd": [(_host(100), _host(104)), (_host(140), _host(145)), (_host(120), _host(150))],
+        "host-T1024-fwdbwd": [(_host(400), _host(440)), (_host(500), _host(560)), (_host(300), _host(320))],
+    }
+    _write_run(guard, tmp_path, changes)
+    assert guard.report_folder(tmp_path, quiet=True) == 1
+    got = _points(tmp_path)
+    fwd, fwdbwd = got["host-T1024-fwd"], got["host-T1024-fwdbwd"]
+    assert (fwd["old"]["value"], fwd["new"]["value"]) == (120, 145)
+    assert fwd["process_ratios"] == pytest.approx([1.04, 145 / 140, 1.25])
+    assert fwd["ratio"] == pytest.approx(1.04) and (fwd["bound"], fwd["verdict"]) == ("launch", "PASS")
+    # 1.10, 1.12 and 1.067: the median 1.10 fails the 5% rule, and 0.5 µs is far exceeded
+    assert fwdbwd["ratio"] == pytest.approx(1.10) and fwdbwd["verdict"] == "FAIL"
+    assert "| FAIL (3 paired runs: 1.100, 1.120, 1.067) |" in (tmp_path / "guard.md").read_text()
 
 
 def test_report_passes_only_with_every_point_and_run(guard, tmp_path):
@@ -122,17 +168,26 @@ def test_dry_run_prints_the_planned_processes(guard, tmp_path, capsys, monkeypat
     assert guard.main(["run", "--old", str(old), "--new", str(new), "--reps", "3", "--out", str(tmp_path / "g"),
                        "--dry-run"]) == 0  # fmt: skip
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("guard: 24 processes (3 repetitions x 4 groups x 2 packages); about ")
+    assert lines[0].startswith("guard: 27 processes (3 repetitions x (4 groups x 2 packages + 1 paired)); about ")
     commands = lines[1:]
-    assert len(commands) == 24 and not (tmp_path / "g").exists()
+    assert len(commands) == 27 and not (tmp_path / "g").exists()
     pin = "LIGHTNING_ATTENTION_KERNEL_CONFIG=BT=64,BV=64,num_warps=4,num_stages=4"
     assert commands[0].startswith(f"PYTHONPATH={old}:/baseline/site {pin} ")
     assert commands[1].startswith(f"PYTHONPATH={new}:/baseline/site {pin} ")
     assert " -P " in commands[0] and "guard.py measure --group k128 --label old --rep 1" in commands[0]
     assert f"--expect-root {old} --out {tmp_path / 'g' / 'raw' / 'old-k128-rep1.json'}" in commands[0]
-    order = [(c.split("--group ")[1].split()[0], c.split("--label ")[1].split()[0]) for c in commands[:8]]
-    assert order == [(g, label) for g in ("k128", "k64", "k256", "decode") for label in ("old", "new")]
+    order = [(c.split("--group ")[1].split()[0], c.split("--label ")[1].split()[0]) for c in commands[:9]]
+    assert order == [(g, label) for g in ("k128", "k64", "k256", "decode") for label in ("old", "new")] + [
+        ("host", "pair")
+    ]
     assert "KERNEL_CONFIG" not in commands[6] and "--rep 3" in commands[-1]
+    # the paired process: the new package first, the renamed copy of the old one beside it, the k128 pin
+    renamed = tmp_path / "g" / "renamed"
+    assert commands[8].startswith(f"PYTHONPATH={new}:{renamed}:/baseline/site {pin} ")
+    assert (
+        f"--expect-root {new} --expect-old-root {renamed} --out {tmp_path / 'g' / 'raw' / 'pair-host-rep1.json'}"
+        in (commands[8])
+    )
     assert not any("SEGMENT_LEN" in c for c in commands)
 
 
@@ -144,14 +199,20 @@ def test_run_with_fake_processes(guard, tmp_path, monkeypatch):
     def fake_run(cmd, env, **kwargs):
         args = dict(zip(cmd[4::2], cmd[5::2]))  # python -P guard.py measure --group G --label L ...
         calls.append((args["--group"], args["--label"], env.get("LIGHTNING_ATTENTION_KERNEL_CONFIG")))
-        values = {p.name: {"value": 1.0, "device": 1.0, "host": 0.1} for p in guard.POINTS if p.group == args["--group"]}
+        values = {
+            p.name: {"value": 1.0, "device": 1.0, "host": 0.1} for p in guard.POINTS if p.group == args["--group"]
+        }
+        if args["--label"] == "pair":
+            values = {"old": values, "new": values}
         _raw(pathlib.Path(args["--out"]).parents[1], args["--label"], int(args["--rep"]), values, args["--group"])
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
     monkeypatch.setattr(guard.subprocess, "run", fake_run)
     out = tmp_path / "g"
     assert guard.main(["run", "--old", str(old), "--new", str(new), "--out", str(out), "--new-commit", "abc"]) == 0
-    assert len(calls) == 24 and calls[0] == ("k128", "old", "BT=64,BV=64,num_warps=4,num_stages=4")
+    assert len(calls) == 27 and calls[0] == ("k128", "old", "BT=64,BV=64,num_warps=4,num_stages=4")
+    assert calls[8] == ("host", "pair", "BT=64,BV=64,num_warps=4,num_stages=4")
+    assert (out / "renamed" / "lightning_attention_old" / "__init__.py").is_file()
     summary = json.loads((out / "guard.json").read_text())
     assert summary["verdict"] == "PASS" and summary["packages"]["new"]["commit"] == "abc"
     assert all(len(p["old"]["runs"]) == len(p["new"]["runs"]) == 3 for p in summary["points"])
@@ -161,7 +222,7 @@ def test_run_with_fake_processes(guard, tmp_path, monkeypatch):
     monkeypatch.setattr(guard.time, "perf_counter", lambda: next(clock))
     assert guard.main(["run", "--old", str(old), "--new", str(new), "--out", str(tmp_path / "b"), "--budget-s",
                        "200"]) == 1  # fmt: skip
-    assert 0 < len(calls) < 24
+    assert 0 < len(calls) < 27
     summary = json.loads((tmp_path / "b" / "guard.json").read_text())
     assert summary["verdict"] == "INCOMPLETE" and summary["stopped"].startswith("budget:")
 
@@ -182,9 +243,48 @@ def test_measured_points_are_the_declared_ones(guard, monkeypatch):
     for group in ("k128", "k64", "k256"):
         got = guard_points.measure_group(group)
         assert sorted(got) == sorted(p.name for p in guard.POINTS if p.group == group)
-    assert guard_points.measure_group("k128")["host-T1024-fwd"] == {"value": 100.0, "device": 500.0, "host": 100.0}
+    # the paired group: both packages, the older one under its other name
+    monkeypatch.setitem(sys.modules, guard.OLD_PACKAGE, types.ModuleType(guard.OLD_PACKAGE))
+    pair = guard_points.measure_pair("host")
+    host = sorted(p.name for p in guard.POINTS if p.group == "host")
+    assert sorted(pair) == ["new", "old"] and sorted(pair["old"]) == sorted(pair["new"]) == host
+    assert pair["old"]["host-T1024-fwd"] == {"value": 100.0, "device": 500.0, "host": 100.0}
+    with pytest.raises(ValueError, match="not a paired group"):
+        guard_points.measure_pair("k128")
     decode = [p.name for p in guard.POINTS if p.group == "decode"]
     assert decode == ["decode-b1-step", "decode-b1-wall", "decode-b64-step", "decode-b64-wall"]
+
+
+def test_renamed_copy_imports_beside_the_package(guard, tmp_path):
+    """The older package's renamed copy (here: a copy of this one) imports in the same process as the package, with
+    its own modules and operator namespace, and computes what the package computes."""
+    dest = guard.renamed_copy(ROOT, tmp_path / "renamed")
+    copied = dest / guard.OLD_PACKAGE
+    assert (copied / "__init__.py").is_file() and not list(copied.rglob("__pycache__"))
+    text = (copied / "ops" / "lightning" / "library.py").read_text()
+    assert f'f"{guard.OLD_PACKAGE}::{{name}}"' in text and "LIGHTNING_ATTENTION" in (copied / "settings.py").read_text()
+    script = f"""
+import sys, torch
+import lightning_attention as new, {guard.OLD_PACKAGE} as old
+import lightning_attention.ops.lightning.ops, {guard.OLD_PACKAGE}.ops.lightning.ops
+for name, module in list(sys.modules.items()):  # each package's modules from its own folder only
+    file = getattr(module, "__file__", None) or ""
+    if name.split(".")[0] in ("lightning_attention", "{guard.OLD_PACKAGE}") and file:
+        assert file.startswith({str(dest)!r}) == name.startswith("{guard.OLD_PACKAGE}"), (name, file)
+assert hasattr(torch.ops.{guard.OLD_PACKAGE}, "chunk_fwd") and hasattr(torch.ops.lightning_attention, "chunk_fwd")
+torch.manual_seed(0)
+q, k, v = (torch.randn(1, 19, 2, 16, dtype=torch.float64) for _ in range(3))
+slope = new.tnl_slopes(2, 0, 12).double()
+o_new, _ = new.lightning_attn(q, k, v, slope)
+o_old, _ = old.lightning_attn(q, k, v, slope)
+assert torch.equal(o_new, o_old) and o_new.isfinite().all()
+print("ok")
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(dest)])}
+    proc = subprocess.run(
+        [sys.executable, "-P", "-c", script], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the command measures")
