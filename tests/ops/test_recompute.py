@@ -10,7 +10,10 @@ fails the finiteness check of ``assert_close``.
 import pytest
 import torch
 
-from lightning_attention.ops.lightning import naive
+from lightning_attention.ops.lightning import (
+    naive,
+    ops,  # noqa: F401 - registers lightning_attention::recompute_bwd
+)
 from lightning_attention.ops.lightning.recompute import recompute_backward
 from lightning_attention.utils.testing import assert_close
 
