@@ -11,7 +11,8 @@
 #             against float64 (tests/ops/test_configs_gpu.py; its units compile side by side)
 # kernels_a   grid (a), K = V = 128, ours against FLA ($KERNELS_A_BASELINES: fla)            300
 # kernels_b   grid (b) with CUDA-graph replays, ours alone; then T = 128K against FLA       150 + 150
-# head_dims   grid (a) at K = V = 64 and 256 against FLA                                     270
+# head_dims   grid (a) at K = V = 64 and 256 against FLA (FLA tunes both from an empty      560
+#             cache in about 250 s)
 # varlen      65,536 tokens as 12 packed sequences of 1 to 16,384 tokens, K = V = 128, FLA   420
 # decode      the decode step against FLA, per batch, and its memory over 1M tokens           150
 # model       TNL against LLaMA: training tokens/s per context, 400-step loss curves          240
@@ -90,7 +91,7 @@ for stage in ${stages//,/ }; do
                    run kernels_b_fla 150 $bench kernels --grid b --seqlens 131072 --ours chunk --baselines fla \
                        --out "$res/kernels_b_fla" ;;
         varlen) run varlen 420 $bench kernels --grid varlen --ours chunk --baselines fla --out "$res/varlen" ;;
-        head_dims) run head_dims 270 $bench kernels --grid a --head-dims 64,256 --ours chunk --baselines fla \
+        head_dims) run head_dims 560 $bench kernels --grid a --head-dims 64,256 --ours chunk --baselines fla \
                        --out "$res/head_dims" ;;
         decode) run decode 150 $bench decode --out "$res/decode" ;;
         model) run model 240 $bench model --loss-steps 400 --out "$res/model" ;;
