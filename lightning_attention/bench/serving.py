@@ -1,8 +1,9 @@
 """``lightning-attention bench serving``: HF ``generate()`` of TNL against LLaMA at equal size, per batch and prompt.
 
 Both architectures at one preset (``--preset``, default ``40m``: TNL and transformers' own ``LlamaForCausalLM`` with
-SDPA attention, byte vocabulary), bf16 weights on CUDA, run through plain ``model.generate()`` (no CUDA graph, no
-compile). For every (arch, batch, prompt length) point — batches ``--batches`` (default 1, 64), random prompts of
+SDPA attention, byte vocabulary), bf16 weights on CUDA, run through plain ``model.generate()`` (no compile); TNL
+twice, with eager decode steps (``tnl``) and with each decode step a CUDA-graph replay (``tnl-graphs``,
+``config.decode_cuda_graphs``). For every (arch, batch, prompt length) point — batches ``--batches`` (default 1, 64), random prompts of
 ``--prompts`` tokens (default 1,024 and 32,768) — one warm-up request, then ``--repeats`` times (default 3) the
 prefill alone (time to first token) and a whole greedy request of exactly ``--new-tokens`` tokens (default 128) are
 timed by ``lightning_attention/bench/serving_timing.py``, which defines every number recorded (the minimum over

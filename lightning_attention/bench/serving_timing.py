@@ -1,7 +1,8 @@
 """HF ``generate()`` serving timing: one model, one (batch, prompt length) point, greedy, plain ``generate()``.
 
 - :func:`build_model`: TNL or transformers' ``LlamaForCausalLM`` of one preset (equal size), in eval mode; bf16
-  weights on CUDA, float32 on CPU; LLaMA's attention set to SDPA.
+  weights on CUDA, float32 on CPU; LLaMA's attention set to SDPA. ``tnl-graphs`` is TNL with
+  ``decode_cuda_graphs`` on: every decode step a CUDA-graph replay (an eager step on CPU).
 - :func:`time_point`: a warm-up ``generate`` (2 new tokens: compiles and autotunes the prefill and the decode step
   of this shape), then ``repeats`` times (3 by default) ``generate(max_new_tokens=1)`` (the prefill: time to first
   token) followed by ``generate(max_new_tokens=N, min_new_tokens=N)`` (the whole request); prompts are random token
@@ -39,6 +40,8 @@ from lightning_attention.bench.timing import peak_memory, synchronize, wall_seco
 from lightning_attention.models.presets import model_config, model_from_config, parameter_count
 from lightning_attention.models.transnormer.cache import cache_of
 
+ARCHS = ("tnl", "tnl-graphs", "llama")  # tnl-graphs: TNL whose decode steps replay a CUDA graph
+
 WARMUP_NEW_TOKENS = 2  # one prefill and one decode step: every kernel of the request runs once
 
 
@@ -49,10 +52,13 @@ def model_dtype(device: torch.device) -> torch.dtype:
 
 
 def build_model(arch: str, preset: str, device: torch.device, seed: int = 0) -> tuple[torch.nn.Module, dict]:
-    """``arch`` ("tnl" | "llama") at ``preset`` size on ``device`` in eval mode, and what describes it (parameters,
-    dtype, the attention implementation of LLaMA)."""
+    """``arch`` (one of :data:`ARCHS`) at ``preset`` size on ``device`` in eval mode, and what describes it
+    (parameters, dtype, the attention implementation of LLaMA)."""
     torch.manual_seed(seed)
-    model = model_from_config(arch, model_config(arch, preset))
+    base = "tnl" if arch == "tnl-graphs" else arch  # the same weights: the seed is the same
+    model = model_from_config(base, model_config(base, preset))
+    if arch == "tnl-graphs":
+        model.config.decode_cuda_graphs = True
     if arch == "llama" and getattr(model.config, "_attn_implementation", None) != "sdpa":
         model.set_attn_implementation("sdpa")  # the baseline is SDPA attention, whatever transformers defaults to
     dtype = model_dtype(device)
@@ -61,6 +67,8 @@ def build_model(arch: str, preset: str, device: torch.device, seed: int = 0) -> 
             "vocab_size": model.config.vocab_size}
     if arch == "llama":
         info["attn_implementation"] = model.config._attn_implementation
+    if arch == "tnl-graphs":
+        info["decode_cuda_graphs"] = True
     return model, info
 
 

@@ -12,7 +12,7 @@ from lightning_attention.bench import serving_timing
 
 QUICK = ["bench", "serving", "--quick", "--device", "cpu", "--repeats", "2"]  # float32, no allocator peaks
 NEW_TOKENS = 12
-POINTS = [(arch, batch, prompt) for arch in ("tnl", "llama") for batch in (1, 2) for prompt in (16, 64)]
+POINTS = [(arch, batch, prompt) for arch in ("tnl", "tnl-graphs", "llama") for batch in (1, 2) for prompt in (16, 64)]
 
 
 def _run(argv, capsys):
@@ -29,7 +29,7 @@ def test_every_point_is_measured_and_the_caches_behave(tmp_path, capsys):
     lines, summary = _run([*QUICK, "--new-tokens", str(NEW_TOKENS), "--out", str(tmp_path)], capsys)
     doc = json.loads((tmp_path / "serving.json").read_text())
     assert lines[0] == doc["machine_line"] == summary["machine"]
-    assert summary["points"] == 8 and summary["oom"] == [] and summary["errors"] == 0
+    assert summary["points"] == 12 and summary["oom"] == [] and summary["errors"] == 0
     assert summary["figures"] == ["serving_decode.png", "serving_memory.png"]
     for figure in summary["figures"]:
         assert (tmp_path / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -38,6 +38,7 @@ def test_every_point_is_measured_and_the_caches_behave(tmp_path, capsys):
     assert doc["models"]["llama"]["attn_implementation"] == "sdpa"
     tnl_params, llama_params = doc["models"]["tnl"]["parameters"], doc["models"]["llama"]["parameters"]
     assert abs(tnl_params - llama_params) / tnl_params < 0.05  # equal size
+    assert doc["models"]["tnl-graphs"]["parameters"] == tnl_params and doc["models"]["tnl-graphs"]["decode_cuda_graphs"]
 
     points = doc["points"]
     assert [(r["arch"], r["batch"], r["prompt"]) for r in points] == POINTS
@@ -59,6 +60,7 @@ def test_every_point_is_measured_and_the_caches_behave(tmp_path, capsys):
     assert {r["cache_kind"] for r in points if r["arch"] == "tnl"} == {"recurrent states"}
     assert cache["tnl", 1, 16] == cache["tnl", 1, 64] == 2 * (32 * 16 + 16 * 16) * 4
     assert cache["tnl", 2, 16] == cache["tnl", 2, 64] == 2 * cache["tnl", 1, 16]
+    assert all(cache["tnl-graphs", b, p] == cache["tnl", b, p] for b in (1, 2) for p in (16, 64))
     # LLaMA: keys and values of every token, every layer: 2 · layers · B · tokens · d · 4 bytes
     for r in points:
         if r["arch"] == "llama":

@@ -35,6 +35,10 @@ class TransNormerConfig(PretrainedConfig):
             length a multiple of 64), each continuing from the cache the previous one filled: the same result, with
             activation memory bounded by the piece instead of the prompt (0: one piece; hybrid models, packed
             sequences and sequence parallelism always run one piece).
+        decode_cuda_graphs: on CUDA, run each one-token decode step of ``TransNormerForCausalLM`` (every step of
+            ``generate()`` after the prompt) as a replay of a CUDA graph captured per batch size, instead of launching
+            its kernels one by one (``decode_graph.py`` says where it applies; the eager forward runs elsewhere).
+            Off by default: each captured batch size keeps a graph and its state buffers.
     Training options (off by default; the released code has none of them):
         dropout: dropout on the embedding output and on the output of every residual branch (token mixer, channel
             mixer) in training mode, as fairseq's Transformer (the paper's baseline) applies it; 0 = none.
@@ -82,6 +86,7 @@ class TransNormerConfig(PretrainedConfig):
         lrpe_float32: bool = False,
         learn_decay: bool = False,
         inference_piece_tokens: int = 65536,
+        decode_cuda_graphs: bool = False,
         pad_token_id: int | None = None,
         bos_token_id: int | None = None,
         eos_token_id: int | None = None,
@@ -113,6 +118,7 @@ class TransNormerConfig(PretrainedConfig):
         self.lrpe_float32 = bool(lrpe_float32)
         self.learn_decay = bool(learn_decay)
         self.inference_piece_tokens = int(inference_piece_tokens)
+        self.decode_cuda_graphs = bool(decode_cuda_graphs)
         self.use_cache = use_cache
         # through the base class: transformers 4.x's constructor would reset them to its own defaults
         super().__init__(tie_word_embeddings=tie_word_embeddings, pad_token_id=pad_token_id, bos_token_id=bos_token_id,

@@ -26,7 +26,6 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
@@ -40,6 +39,7 @@ from lightning_attention.models.transnormer.cache import (
     step_positions,
 )
 from lightning_attention.models.transnormer.config import TransNormerConfig
+from lightning_attention.models.transnormer.decode_graph import DecodeGraphs, drop_graphs, graphs_of
 from lightning_attention.models.transnormer.inputs import check_labels, check_model_inputs
 from lightning_attention.nn.lrpe import LRPE
 from lightning_attention.nn.sglu import SGLU
@@ -230,8 +230,7 @@ class TransNormerModel(TransNormerPreTrainedModel):
             return self._forward_in_pieces(
                 piece, input_ids, inputs_embeds, attention_mask, position_ids, cache, use_cache
             )
-        x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
-        x = apply_dropout(x * self.embed_scale, self.config.dropout, self.training)
+        x = self._embed(input_ids, inputs_embeds)
         B, T, _ = x.shape
         given_cache = cache is not None
         if cache is None and use_cache:
@@ -252,6 +251,23 @@ class TransNormerModel(TransNormerPreTrainedModel):
             key_mask = step_key_mask(B, T, x.device, token_mask, cache)
 
         hidden_states = [] if output_hidden_states else None
+        x = self._blocks(x, positions, token_mask, key_mask, cache, cu_seqlens, hidden_states)
+        if cache is not None:
+            cache.seen_tokens += T
+        return BaseModelOutputWithPast(
+            last_hidden_state=x,
+            hidden_states=tuple(hidden_states) if hidden_states is not None else None,
+            **{CACHE_FIELD: cache if use_cache or given_cache else None},
+        )
+
+    def _embed(self, input_ids, inputs_embeds) -> torch.Tensor:
+        """``[B, T, d]``: the scaled token embeddings (or ``inputs_embeds``), with dropout in training mode."""
+        x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        return apply_dropout(x * self.embed_scale, self.config.dropout, self.training)
+
+    def _blocks(self, x, positions, token_mask, key_mask, cache, cu_seqlens, hidden_states=None) -> torch.Tensor:
+        """Every block then the final norm: ``x [B, T, d] -> [B, T, d]`` (each block's input, then the output,
+        appended to ``hidden_states`` when it is a list)."""
         for layer in self.layers:
             if hidden_states is not None:
                 hidden_states.append(x)
@@ -260,13 +276,23 @@ class TransNormerModel(TransNormerPreTrainedModel):
         x = self.final_norm(x)
         if hidden_states is not None:
             hidden_states.append(x)
-        if cache is not None:
-            cache.seen_tokens += T
-        return BaseModelOutputWithPast(
-            last_hidden_state=x,
-            hidden_states=tuple(hidden_states) if hidden_states is not None else None,
-            **{CACHE_FIELD: cache if use_cache or given_cache else None},
-        )
+        return x
+
+    def decode_step(self, input_ids, positions, token_mask, cache) -> torch.Tensor:
+        """The captured body of a graph-replayed decode step (``decode_graph.py``): what :meth:`forward` computes for
+        one new token per row, without input checks, host reads or cache bookkeeping, so that it can be captured.
+
+        Args:
+            input_ids: ``[B, 1]``; positions: ``[B, 1]`` int64; token_mask: ``[B, 1]`` bool (False: padding, whose
+                state row is left alone); cache: a :class:`TransNormerCache` whose lightning states ``[B, H, K, V]``
+                are updated in place.
+
+        Returns:
+            ``[B, 1, d]``, as :meth:`forward`'s ``last_hidden_state``.
+        """
+        # selected, not multiplied, as in forward: a padded row's embedding never reaches its state
+        x = torch.where(token_mask[..., None], self._embed(input_ids, None), 0.0)
+        return self._blocks(x, positions, token_mask, None, cache, None)
 
     def _forward_in_pieces(self, piece, input_ids, inputs_embeds, attention_mask, position_ids, cache, use_cache):
         """:meth:`forward` over consecutive pieces of ``piece`` tokens, each continuing from the cache the previous
@@ -342,6 +368,15 @@ class TransNormerForCausalLM(TransNormerPreTrainedModel, GenerationMixin):
         """
         if labels is not None:
             check_labels(labels, input_ids if input_ids is not None else inputs_embeds)
+        step_cache = past_key_values if cache is None else cache
+        if self.config.decode_cuda_graphs and self.decode_graphs.applies(
+            input_ids, inputs_embeds, attention_mask, position_ids, step_cache, cu_seqlens, output_hidden_states, labels
+        ):
+            check_model_inputs(self.config, input_ids, None, attention_mask, position_ids, None)
+            if cache is not None and past_key_values is not None:
+                raise ValueError("pass the cache once: `cache` and `past_key_values` are the same argument")
+            logits = self.decode_graphs.step(input_ids, attention_mask, position_ids, step_cache)
+            return CausalLMOutputWithPast(logits=logits, **{CACHE_FIELD: step_cache})
         out = self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
             past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
@@ -357,6 +392,16 @@ class TransNormerForCausalLM(TransNormerPreTrainedModel, GenerationMixin):
         return CausalLMOutputWithPast(
             loss=loss, logits=logits, hidden_states=out.hidden_states, **{CACHE_FIELD: cache_of(out)}
         )
+
+    @property
+    def decode_graphs(self) -> DecodeGraphs:
+        """The captured decode steps (``config.decode_cuda_graphs``; created on first use)."""
+        return graphs_of(self)
+
+    def _apply(self, fn, *args, **kwargs):
+        # .to() / .half() / .cuda() give the parameters new storage: a captured step would read the old one
+        drop_graphs(self)
+        return super()._apply(fn, *args, **kwargs)
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
