@@ -14,6 +14,7 @@ import torch
 
 from lightning_attention.bench import metrics
 from lightning_attention.bench.results import clean
+from lightning_attention.utils.cuda_graph import capture
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,15 +76,7 @@ def bench(
 def graphed(fn: Callable[[], object], device: torch.device) -> Callable[[], None]:
     """Captures one call of ``fn`` in a CUDA graph (after three warm-up calls on a side stream, which finish any
     compiling and autotuning) and returns the graph's replay: ``fn``'s device work without its host time."""
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream(device).wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    graph, _ = capture(fn, device)
     return graph.replay
 
 

@@ -27,6 +27,7 @@ import torch
 
 from lightning_attention.backend import value_checks_enabled
 from lightning_attention.models.transnormer.cache import LightningStateLayer, TransNormerCache
+from lightning_attention.utils.cuda_graph import capture
 
 
 class CudaGraphReplay:
@@ -37,16 +38,8 @@ class CudaGraphReplay:
     device_types = ("cuda",)
 
     def __init__(self, body, device: torch.device):
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                body()
-        torch.cuda.current_stream(device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
         # a memory pool of its own: the steps of different batch sizes may replay in any order
-        with torch.cuda.graph(self.graph):
-            self.output = body()
+        self.graph, self.output = capture(body, device, warmups=2)
 
     def replay(self) -> torch.Tensor:
         self.graph.replay()
