@@ -88,14 +88,19 @@ class Step:
 
         self.replay = replay_cls(body, device).replay
 
-    def bind(self, cache: TransNormerCache) -> None:
-        """Makes ``cache``'s lightning states the step's buffers (copying the states that are not yet)."""
+    def release(self) -> None:
+        """Gives the bound cache, if it is still alive, copies of the states it holds in the step's buffers."""
         owner = self.owner() if self.owner is not None else None
-        if owner is not None and owner is not cache:
-            # the previous cache keeps its states: give it copies before the buffers take this cache's
+        if owner is not None:
             for layer, state in zip(owner.layers, self.states):
                 if state is not None and getattr(layer, "state", None) is state:
                     layer.state = state.clone()
+        self.owner = None
+
+    def bind(self, cache: TransNormerCache) -> None:
+        """Makes ``cache``'s lightning states the step's buffers (copying the states that are not yet)."""
+        if self.owner is not None and self.owner() is not cache:
+            self.release()  # the previous cache keeps its states before the buffers take this cache's
         for layer, state in zip(cache.layers, self.states):
             if state is not None and layer.state is not state:
                 state.copy_(layer.state)
@@ -120,11 +125,7 @@ class DecodeGraphs:
     def clear(self) -> None:
         """Drops every captured step and its buffers; caches bound to one keep copies of their states."""
         for step in self.steps.values():
-            owner = step.owner() if step.owner is not None else None
-            if owner is not None:
-                for layer, state in zip(owner.layers, step.states):
-                    if state is not None and getattr(layer, "state", None) is state:
-                        layer.state = state.clone()
+            step.release()
         self.steps.clear()
 
     def applies(self, input_ids, inputs_embeds, attention_mask, position_ids, cache, cu_seqlens,
