@@ -179,8 +179,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _serving_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of ``bench serving`` (lightning_attention/bench/serving.py)."""
-    from lightning_attention.bench.serving_timing import ARCHS
     from lightning_attention.models.presets import PRESETS
+    from lightning_attention.models.presets import SERVING_ARCHS as ARCHS
 
     p.add_argument("--batches", type=_int_list, default=None, help="sequences per request: default 1,64 (--quick 1,2)")
     p.add_argument("--prompts", type=_int_list, default=None,

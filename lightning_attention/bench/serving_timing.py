@@ -40,8 +40,6 @@ from lightning_attention.bench.timing import peak_memory, synchronize, wall_seco
 from lightning_attention.models.presets import model_config, model_from_config, parameter_count
 from lightning_attention.models.transnormer.cache import cache_of
 
-ARCHS = ("tnl", "tnl-graphs", "llama")  # tnl-graphs: TNL whose decode steps replay a CUDA graph
-
 WARMUP_NEW_TOKENS = 2  # one prefill and one decode step: every kernel of the request runs once
 
 
@@ -52,7 +50,7 @@ def model_dtype(device: torch.device) -> torch.dtype:
 
 
 def build_model(arch: str, preset: str, device: torch.device, seed: int = 0) -> tuple[torch.nn.Module, dict]:
-    """``arch`` (one of :data:`ARCHS`) at ``preset`` size on ``device`` in eval mode, and what describes it
+    """``arch`` (one of ``presets.SERVING_ARCHS``) at ``preset`` size on ``device`` in eval mode, and what describes it
     (parameters, dtype, the attention implementation of LLaMA)."""
     torch.manual_seed(seed)
     base = "tnl" if arch == "tnl-graphs" else arch  # the same weights: the seed is the same

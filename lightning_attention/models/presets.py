@@ -20,6 +20,8 @@ tiny      128    4       4      352       395         default of ``lightning-att
 from torch import nn
 
 ARCHS = ("tnl", "llama")
+# what the serving benchmark builds: TNL also with its decode steps replayed from CUDA graphs (decode_cuda_graphs)
+SERVING_ARCHS = ("tnl", "tnl-graphs", "llama")
 # options both architectures take, with one meaning (see TransNormerConfig's training options)
 SHARED_OPTIONS = ("tie_word_embeddings", "dropout", "scale_residual_init")
 
