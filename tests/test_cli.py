@@ -37,6 +37,13 @@ def test_train_smoke_then_generate(tmp_path, capsys):
     assert main(["generate", "--checkpoint", out, "--prompt", "def ", "--max-new-tokens", "12", "--quiet"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("def ") and len(text.encode("utf-8", errors="surrogatepass")) >= 4
+    # --cuda-graphs turns the graph-replayed decode step on (on CPU the eager step runs): the same greedy text
+    greedy = ["generate", "--checkpoint", out, "--prompt", "def ", "--max-new-tokens", "12", "--quiet",
+              "--temperature", "0"]
+    assert main(greedy) == 0
+    eager = capsys.readouterr().out
+    assert main([*greedy, "--cuda-graphs"]) == 0
+    assert capsys.readouterr().out == eager
 
 
 def test_resume_reproduces_the_loss_curve_exactly(tmp_path):
@@ -59,6 +66,8 @@ def test_llama_baseline_trains_and_generates(tmp_path, capsys):
     capsys.readouterr()
     assert main(["generate", "--checkpoint", out, "--prompt", "x", "--max-new-tokens", "5", "--quiet"]) == 0
     assert capsys.readouterr().out.startswith("x")
+    assert main(["generate", "--checkpoint", out, "--prompt", "x", "--cuda-graphs"]) == 2
+    assert "--cuda-graphs needs a TransNormer checkpoint" in capsys.readouterr().err
 
 
 def test_help_shows_the_real_defaults(capsys):
