@@ -16,8 +16,9 @@
 # varlen      65,536 tokens as 12 packed sequences of 1 to 16,384 tokens, K = V = 128, FLA   420
 # decode      the decode step against FLA, per batch, and its memory over 1M tokens           150
 # model       TNL against LLaMA: training tokens/s per context, 400-step loss curves          240
-# serving     TNL against LLaMA through HF generate(): first token, decode tokens/s, memory,  300
-#             batch 1 and 64 x prompt 1K and 32K (out of memory recorded as a result)
+# serving     TNL (eager and CUDA-graph decode steps) against LLaMA through HF generate():    300
+#             first token, decode tokens/s, memory, batch 1 and 64 x prompt 1K and 32K (out of
+#             memory recorded as a result)
 # hybrid      hybrid chunk attention against SDPA                                             90
 # recompute   the recompute backward against the chunk backward on grid (a)                  120
 # smem        shared memory of the recompute backward, compiled for every target             120
