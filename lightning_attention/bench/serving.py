@@ -3,11 +3,11 @@
 Both architectures at one preset (``--preset``, default ``40m``: TNL and transformers' own ``LlamaForCausalLM`` with
 SDPA attention, byte vocabulary), bf16 weights on CUDA, run through plain ``model.generate()`` (no compile); TNL
 twice, with eager decode steps (``tnl``) and with each decode step a CUDA-graph replay (``tnl-graphs``,
-``config.decode_cuda_graphs``). For every (arch, batch, prompt length) point — batches ``--batches`` (default 1, 64), random prompts of
-``--prompts`` tokens (default 1,024 and 32,768) — one warm-up request, then ``--repeats`` times (default 3) the
-prefill alone (time to first token) and a whole greedy request of exactly ``--new-tokens`` tokens (default 128) are
-timed by ``lightning_attention/bench/serving_timing.py``, which defines every number recorded (the minimum over
-the repeats).
+``config.decode_cuda_graphs``). For every (arch, batch, prompt length) point — batches ``--batches`` (default 1,
+64), random prompts of ``--prompts`` tokens (default 1,024 and 32,768) — one warm-up request, then ``--repeats``
+times (default 3) the prefill alone (time to first token) and a whole greedy request of exactly ``--new-tokens``
+tokens (default 128) are timed by ``lightning_attention/bench/serving_timing.py``, which defines every number
+recorded (the minimum over the repeats).
 
 Out of memory is a result, not a crash: the point is recorded with ``"oom": true`` and ``stage`` (the call that ran
 out: warm-up, prefill or generate, keeping what was measured before it), cached memory is released and the run goes

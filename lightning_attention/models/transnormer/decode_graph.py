@@ -3,8 +3,8 @@
 A decode step at small batch is bound by the host: every block launches a dozen small kernels (projections, SiLU,
 LRPE, the recurrent step, norms, the SGLU), each costing more time to launch than to run. Captured once per
 (batch, device, dtype, autocast) and replayed, the step costs one graph launch and a few copies
-(docs/performance.md, "Serving"). It is what ``config.decode_cuda_graphs = True`` turns on; ``generate()`` then uses
-it for every step after the prompt.
+(docs/performance.md, "CUDA-graph decode steps"). It is what ``config.decode_cuda_graphs = True`` turns on;
+``generate()`` then uses it for every step after the prompt.
 
 What a replay reads and writes lives in buffers the captured step owns (``Step``): the token ids ``[B, 1]``, the
 positions ``[B, 1]``, the token mask ``[B, 1]`` (the last column of the attention mask) and one state
