@@ -24,6 +24,14 @@ NO_ROLLBACK = ("a recurrent state cannot be rolled back to an earlier length (as
                "are not supported by TransNormerLLM)")
 
 
+def passed_cache(cache, past_key_values):
+    """The cache a forward call was given, under either name (``cache`` on transformers 5, ``past_key_values`` on
+    4.x, where generate() passes it); both at once is an error."""
+    if cache is not None and past_key_values is not None:
+        raise ValueError("pass the cache once: `cache` and `past_key_values` are the same argument")
+    return past_key_values if cache is None else cache
+
+
 def cache_of(output) -> "TransNormerCache | None":
     """The cache of a model output, under the field name of the installed transformers (no deprecation warning)."""
     return getattr(output, CACHE_FIELD)

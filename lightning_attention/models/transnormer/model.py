@@ -35,6 +35,7 @@ from lightning_attention.models.transnormer.cache import (
     CACHE_FIELD,
     TransNormerCache,
     cache_of,
+    passed_cache,
     step_key_mask,
     step_positions,
 )
@@ -218,9 +219,7 @@ class TransNormerModel(TransNormerPreTrainedModel):
             ``past_key_values`` on transformers 4.x).
         """
         check_model_inputs(self.config, input_ids, inputs_embeds, attention_mask, position_ids, cu_seqlens)
-        if cache is not None and past_key_values is not None:
-            raise ValueError("pass the cache once: `cache` and `past_key_values` are the same argument")
-        cache = past_key_values if cache is None else cache
+        cache = passed_cache(cache, past_key_values)
         if cache is not None and not isinstance(cache, TransNormerCache):
             raise TypeError(f"cache must be a TransNormerCache (the model creates one), got {type(cache).__name__}")
         if use_cache is None:
@@ -373,8 +372,7 @@ class TransNormerForCausalLM(TransNormerPreTrainedModel, GenerationMixin):
             input_ids, inputs_embeds, attention_mask, position_ids, step_cache, cu_seqlens, output_hidden_states, labels
         ):
             check_model_inputs(self.config, input_ids, None, attention_mask, position_ids, None)
-            if cache is not None and past_key_values is not None:
-                raise ValueError("pass the cache once: `cache` and `past_key_values` are the same argument")
+            step_cache = passed_cache(cache, past_key_values)
             logits = self.decode_graphs.step(input_ids, attention_mask, position_ids, step_cache)
             return CausalLMOutputWithPast(logits=logits, **{CACHE_FIELD: step_cache})
         out = self.model(
