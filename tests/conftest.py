@@ -23,7 +23,8 @@ if not HAS_CUDA:
     if os.environ["TRITON_INTERPRET"] == "1":
         try:
             import tests.interpreter.autotune  # noqa: F401
-            import tests.interpreter.bf16  # noqa: F401
+            import tests.interpreter.bf16
+            import tests.interpreter.tf32  # noqa: F401
         except ImportError:  # triton not installed: only the PyTorch path can be tested
             pass
 

@@ -37,10 +37,10 @@ from lightning_attention.ops.lightning.kernels.configs import (
 from lightning_attention.ops.lightning.kernels.dkdv_walk import dkdv_kernel
 from lightning_attention.ops.lightning.kernels.scan import lightning_scan_kernel
 from lightning_attention.ops.lightning.kernels.walk import walk_kernel
-from lightning_attention.ops.lightning.plan import TMA_MIN_CAPABILITY
+from lightning_attention.ops.lightning.plan import FP32_PRECISION, TMA_MIN_CAPABILITY
 
 ELEM_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-INTER_PREC = {"bf16": "input", "fp16": "tf32", "fp32": "ieee"}  # as plan.precisions picks them by default
+INTER_PREC = {"bf16": "input", "fp16": "tf32", "fp32": FP32_PRECISION}  # as plan.precisions picks them by default
 _IO_POINTERS = {"q", "k", "v", "o", "do", "dk", "dv"}
 _STATE_POINTERS = {"slope", "h0", "ht", "states", "pieces", "dht", "dh0"}
 _INT_POINTERS = {"cu_seqlens", "seg_table", "seq_segs"}
@@ -132,7 +132,8 @@ def _compile(kind: str, fn, cc: int, dtype: str, DK: int, DV: int, BT: int, BV: 
 
 
 def _precision_constexprs(dtype: str, flags: dict) -> dict:
-    return dict(ACC=tl.float32, DOT_PREC="ieee" if dtype == "fp32" else None, INTER_PREC=inter_prec(dtype, flags))
+    dot_prec = FP32_PRECISION if dtype == "fp32" else None
+    return dict(ACC=tl.float32, DOT_PREC=dot_prec, INTER_PREC=inter_prec(dtype, flags))
 
 
 def build_walk(cc: int, dtype: str, DK: int, DV: int, cfg, flags: dict, pointers: bool = False) -> dict:

@@ -7,8 +7,10 @@ what ``kernels.configs.walk_candidates`` lets the plan pick on each architecture
 estimate the dispatcher filtered with.
 
 bf16 builds (bf16 inter product) and fp16 builds (tf32 inter product) differ in the inter-chunk product only; the
-split precision's builds carry more live tiles (docs/design.md, "Precision"). An fp32 build (ieee dots lower to FMA loops) takes 10-200 s on
-one CI core, so CI builds one fp32 configuration; ``-m slow`` builds them all.
+split precision's builds carry more live tiles (docs/design.md, "Precision"). fp32 builds run each product as three
+tf32 products (``plan.FP32_PRECISION``), whose operand halves take shared memory of their own
+(``configs.split_fp32_bytes``): CI builds the forward walk at K = 64, 128 and 256 on every target, the backward's
+reverse walk, the pre-pass and the fused dk/dv walk; ``-m slow`` builds every head dim's candidates.
 """
 
 import json
@@ -83,6 +85,11 @@ def ci_builds():
     jobs += [{"cc": cc, "dtype": "bf16", "DK": 128, "DV": 128, "flags": REVERSE_SEGMENTED, "which": "first"} for cc in ARCHS]
     jobs += [{"cc": cc, "dtype": "fp16", "DK": 64, "DV": 64, "flags": PRE_PASS_VARLEN, "which": "first"} for cc in ARCHS]
     jobs += [{"cc": 90, "dtype": "fp32", "DK": 48, "DV": 40, "flags": {"VARLEN": 1}, "which": "last"}]
+    jobs += [{"cc": cc, "dtype": "fp32", "DK": d, "DV": d, "flags": FULL_FORWARD}
+             for cc in ARCHS for d in (64, 128, 256)]  # fmt: skip
+    jobs += [{"cc": 90, "dtype": "fp32", "DK": d, "DV": d, "flags": flags}
+             for d in (128, 256) for flags in (REVERSE_SEGMENTED, PRE_PASS)]  # fmt: skip
+    jobs += [{"kernel": "dkdv", "cc": cc, "dtype": "fp32", "DK": 128, "DV": 128} for cc in ARCHS]
     jobs += [{"cc": cc, "dtype": "bf16", "DK": 128, "DV": 128, "flags": SPLIT_FORWARD} for cc in ARCHS]
     jobs += [{"cc": cc, "dtype": dt, "DK": d, "DV": d, "flags": SPLIT_FORWARD, "which": "first"}
              for cc in ARCHS for dt, d in (("bf16", 256), ("fp16", 128))]  # fmt: skip
@@ -215,8 +222,14 @@ def test_backward_and_prepass_variants_compile(ci_builds, cc):
     check([r for r in ci_builds if r["kernel"] == "walk" and r["cc"] == cc and r["flags"] in (REVERSE_SEGMENTED, PRE_PASS_VARLEN)])
 
 
-def test_fp32_odd_dims_compile(ci_builds):
-    check([r for r in ci_builds if r["kernel"] == "walk" and r["dtype"] == "fp32"])
+@pytest.mark.parametrize("cc", ARCHS)
+def test_fp32_walks_fit(ci_builds, cc):
+    """fp32 walks (three tf32 products per product) within the limit and the estimate: the forward at K = 64, 128
+    and 256, odd head dims with packed sequences, and on sm_90 the reverse segmented walk and the pre-pass, where
+    K = 256 took the narrow tiles that the halves' shared memory leaves room for."""
+    builds = [r for r in ci_builds if r["kernel"] == "walk" and r["dtype"] == "fp32" and r["cc"] == cc]
+    assert {r["DK"] for r in builds if not r["flags"]} == {64, 128, 256}
+    check(builds)
 
 
 @pytest.mark.parametrize("cc", ARCHS)
@@ -239,7 +252,7 @@ def test_fp32_configs_fit_all(cc, slow_requested):
 @pytest.mark.parametrize("cc", ARCHS)
 def test_fused_dkdv_walk_configs_fit(ci_builds, cc):
     """Every configuration of the fused dk/dv walk the launcher can pick fits; bf16 at K = V = 128 uses it on every
-    target (fp16, whose G operand is fp32, may fall back to the two walks where shared memory is small)."""
+    target (fp16 and fp32, whose G operand is fp32, may fall back to the two walks where shared memory is small)."""
     builds = [r for r in ci_builds if r["kernel"] == "dkdv" and r["cc"] == cc]
     assert any(r["dtype"] == "bf16" for r in builds)
     check(builds)

@@ -84,14 +84,44 @@ def test_varlen_real_sizes_with_host_offsets():
     _compare(got_sync, _reference(*inputs, slope, cu_cpu=offsets), torch.bfloat16)
 
 
-def test_run_to_run_determinism():
-    H = 8
-    slope = la.tnl_slopes(H, 2, 12).to("cuda", torch.float32)
-    inputs = _inputs(1, 20000, H, 128, 128, torch.bfloat16)
-    first = _fwd_bwd(*inputs, slope)
-    second = _fwd_bwd(*inputs, slope)
-    for a, b in zip(first, second):
-        assert torch.equal(a, b)
+# every kind of launch sequence the dispatcher builds: the segmented path (pre-pass, scan, walks), the two-warpgroup
+# walk (bf16 K = 256), the fused dk/dv walk (a tuning knob), fp16 and fp32 products, packed sequences, the split
+# precision, the recompute backward and a learned decay (its float32 backward and the slope's gradient)
+DETERMINISM = [
+    pytest.param(1, 20000, 8, 128, torch.bfloat16, {}, id="bf16-K128-segmented"),
+    pytest.param(8, 2048, 16, 64, torch.bfloat16, {"settings": {"fused_dkdv": True}}, id="bf16-K64-fused-dkdv"),
+    pytest.param(4, 2048, 16, 256, torch.bfloat16, {}, id="bf16-K256-two-warpgroups"),
+    pytest.param(4, 3000, 8, 128, torch.float16, {}, id="fp16-K128"),
+    pytest.param(2, 3000, 4, 64, torch.float32, {}, id="fp32-K64"),
+    pytest.param(1, 30000, 4, 128, torch.bfloat16, {"cu": (0, 1, 15, 20000, 30000)}, id="bf16-varlen"),
+    pytest.param(4, 4096, 8, 128, torch.bfloat16, {"settings": {"precision": "split"}}, id="bf16-split"),
+    pytest.param(2, 4096, 8, 128, torch.bfloat16, {"backward": "recompute"}, id="bf16-recompute-backward"),
+    pytest.param(2, 4096, 8, 64, torch.bfloat16, {"learned_decay": True}, id="bf16-learned-decay"),
+]
+
+
+@pytest.mark.parametrize("B, T, H, D, dtype, case", DETERMINISM)
+def test_run_to_run_determinism(B, T, H, D, dtype, case, triton_backend):
+    """The same call twice in one process gives bitwise-equal outputs, final states and gradients (q, k, v, h0 and
+    a learned slope): no kernel sums partial results in an order that depends on scheduling (docs/design.md,
+    "Determinism")."""
+    triton_backend(**case.get("settings", {}))
+    slope = la.tnl_slopes(H, 2, 12).to("cuda", torch.float32).requires_grad_(case.get("learned_decay", False))
+    cu_cpu = torch.tensor(case["cu"], dtype=torch.int32) if "cu" in case else None
+    q, k, v, h0, do, dht = _inputs(B, T, H, D, D, dtype, N=None if cu_cpu is None else len(case["cu"]) - 1)
+    leaves = (q, k, v, h0, slope) if slope.requires_grad else (q, k, v, h0)
+
+    def call():
+        o, ht = la.lightning_attn(
+            q, k, v, slope, initial_state=h0, output_final_state=True, backward=case.get("backward", "auto"),
+            cu_seqlens=None if cu_cpu is None else cu_cpu.cuda(), cu_seqlens_cpu=cu_cpu,
+        )  # fmt: skip
+        loss = (o.double() * do.double()).sum() + (ht.double() * dht.double()).sum()
+        return (o, ht, *torch.autograd.grad(loss, leaves))
+
+    first, second = call(), call()
+    for name, a, b in zip(("o", "final_state", "dq", "dk", "dv", "dh0", "dslope"), first, second):
+        assert torch.equal(a, b), f"{name} differs between two identical calls"
 
 
 def test_autocast_bf16_region():

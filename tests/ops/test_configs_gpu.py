@@ -26,11 +26,11 @@ from tests.ops.config_check import DTYPES, FAMILIES, OUTPUTS, unit_candidates
 pytestmark = pytest.mark.gpu
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-# (dtype, precision): fp32 has exact products only; 16-bit inputs run both precisions
+# (dtype, precision): fp32 has one precision (three tf32 products per product); 16-bit inputs run both
 PRECISIONS = (("float32", "input"), ("bfloat16", "input"), ("bfloat16", "split"), ("float16", "input"),
               ("float16", "split"))  # fmt: skip
 HEAD_DIMS = (256, 128, 64)
-# a unit of float32 compiles 10-40 s per kernel (ieee products unrolled): the slowest units start first
+# the units with the most to build start first: float32 (three products per product) and the widest head dim
 # the fused dk/dv walk only where the plan can take it (plan.use_fused_dkdv): it holds the whole state (not above
 # DKDV_MAX_DIM) and has no split products
 UNITS = [(family, dtype, precision, D, tma) for dtype, precision in PRECISIONS for D in HEAD_DIMS

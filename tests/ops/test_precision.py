@@ -1,6 +1,7 @@
 """The ``precision`` setting (docs/design.md, "Precision"): with ``split`` the chunk walks carry their fp32 operands
 (intra-chunk scores, state, decayed values) as two halves in the input dtype, and 16-bit results reach the rounding
-floor, the float64 result rounded to the output dtype; with ``input`` (the default) they round them once.
+floor, the float64 result rounded to the output dtype; with ``input`` (the default) they round them once. float32
+inputs run every product as three tf32 products under either setting, as accurate as exact float32 products.
 
 Runs on CPU under the interpreter (float16, and bfloat16 through the test suite's interpreter shims), and compiled
 where pytest runs on a GPU; tests/ops/test_precision_gpu.py holds the GPU-only checks at real sizes.
@@ -12,7 +13,7 @@ import torch
 import lightning_attention as la
 from lightning_attention import settings
 from lightning_attention.ops.lightning import naive
-from lightning_attention.utils.testing import error_over_rounding_floor
+from lightning_attention.utils.testing import error_over_rounding_floor, relative_error
 from tests.ops.test_chunk import CASES, check_case
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -69,7 +70,42 @@ def test_split_precision_rules_out_the_kernels_without_split_products():
     split = settings.Settings(precision="split")
     assert precisions(torch.bfloat16, split) == (None, "split", True)
     assert precisions(torch.float16, split) == (None, "bf16x3", True)  # the state is never rounded to fp16
-    assert precisions(torch.float32, split) == ("ieee", "ieee", False)
+    assert precisions(torch.float32, split) == ("tf32x3", "tf32x3", False)  # already at float32's accuracy
+
+
+@pytest.mark.parametrize("precision", ["input", "split"])
+def test_float32_products_are_three_tf32_products_and_float64_stays_exact(precision):
+    from lightning_attention.ops.lightning.plan import FP32_PRECISION, precisions
+
+    chosen = settings.Settings(precision=precision)
+    assert FP32_PRECISION == "tf32x3"
+    assert precisions(torch.float32, chosen) == (FP32_PRECISION, FP32_PRECISION, False)
+    assert precisions(torch.float64, chosen) == ("ieee", "ieee", False)
+
+
+@pytest.mark.parametrize("K", [64, 128])
+def test_float32_walks_are_as_accurate_as_exact_float32_products(K, triton_backend):
+    """fp32 inputs run every product as three tf32 products (the interpreter computes them as the GPU does, through
+    the test suite's shim in tests/interpreter/tf32.py). Their error against float64 stays within 1.25× that of the
+    PyTorch quadratic form in float32 with exact products, on o, dq, dk and dv; one tf32 product per product would
+    land three orders of magnitude above it."""
+    triton_backend()
+    g = torch.Generator().manual_seed(0)
+    B, T, H = 1, 200, 2
+    q, k, v = ((torch.randn(B, T, H, K, generator=g) * K**-0.25).to(DEVICE).requires_grad_() for _ in range(3))
+    do = torch.randn(B, T, H, K, generator=g).to(DEVICE)
+    slope = torch.tensor([0.02, 0.3], device=DEVICE)
+
+    def outputs(attention, leaves):
+        o, _ = attention(*leaves, slope)
+        return (o, *torch.autograd.grad(o, leaves, do.to(o.dtype)))
+
+    fresh = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    got = outputs(la.lightning_attn, fresh)
+    exact32 = outputs(naive.quadratic_lightning_attn, [x.detach().clone().requires_grad_() for x in (q, k, v)])
+    ref = outputs(naive.quadratic_lightning_attn, [x.detach().double().requires_grad_() for x in (q, k, v)])
+    for name, a, b, r in zip(("o", "dq", "dk", "dv"), got, exact32, ref):
+        assert relative_error(a, r) <= 1.25 * relative_error(b, r), (name, relative_error(a, r), relative_error(b, r))
 
 
 def test_precision_setting_is_validated():

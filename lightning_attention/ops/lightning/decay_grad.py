@@ -23,8 +23,8 @@ Precision: the sum weighs every token by up to T, so any rounding in dq and dk i
 float64 gradients merely rounded to bf16 gave a slope gradient 4% off at T = 8K and 60% at 32K (H = 4, K = 64, TNL
 slopes, against float64 autograd); the bf16 walks, which also round the operands of their products, were 1.3% off
 at T = 256 and 3.2% at 1K. So when the slope requires grad, the Triton path runs the backward in float32 for 16-bit
-inputs (exact products: the price of a learned decay is a slower backward), and the products and sums here run in
-float64 (tests/ops/test_decay_grad.py).
+inputs (float32's accuracy: the price of a learned decay is a slower backward), and the products and sums here run
+in float64 (tests/ops/test_decay_grad.py).
 """
 
 import torch

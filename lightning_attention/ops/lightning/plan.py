@@ -121,6 +121,9 @@ class ChunkProblem:
 
 # precisions
 
+# fp32 products: a high and a low tf32 part of each operand, three tensor-core products (hi·hi + hi·lo + lo·hi)
+FP32_PRECISION = "tf32x3"
+
 
 def acc_dtype(dtype: torch.dtype):
     """The kernels' accumulator and state type: fp32, fp64 for fp64 inputs (the interpreter's references)."""
@@ -128,15 +131,19 @@ def acc_dtype(dtype: torch.dtype):
 
 
 def precisions(dtype: torch.dtype, settings: Settings) -> tuple[str | None, str, bool]:
-    """(DOT_PREC, INTER_PREC, SPLIT_OPERANDS) of the walk: exact products for fp32/fp64 inputs. For 16-bit inputs the
+    """(DOT_PREC, INTER_PREC, SPLIT_OPERANDS) of the walk. fp32 inputs: every product as three tf32 tensor-core
+    products on split operands (``tf32x3``: the error of exact fp32 products, at tensor-core speed and build time;
+    docs/design.md, "Precision"); fp64 inputs (the interpreter's references): exact products. For 16-bit inputs the
     fp32 operands (the state, the intra-chunk scores, the decayed values) meet the tensor cores rounded to the input
     dtype, except: for fp16 the inter product (λq)·S is always tf32 on fp32 operands (the state is never rounded to
     fp16: its values outgrow fp16); for bf16 the ``bf16_inter`` setting ``tf32`` does the same. The ``precision``
     setting ``split`` carries every fp32 operand as two halves in the input dtype (``kernels/walk.split_halves``:
     results at the rounding floor of the output, docs/kernels.md, "Split operands"); for fp16, whose range cannot hold
     the state, q and S both go to bf16 products as halves (``bf16x3``: three products)."""
-    if dtype in (torch.float32, torch.float64):
+    if dtype == torch.float64:
         return "ieee", "ieee", False
+    if dtype == torch.float32:
+        return FP32_PRECISION, FP32_PRECISION, False
     split = settings.precision == "split"
     if dtype == torch.bfloat16:
         if split:

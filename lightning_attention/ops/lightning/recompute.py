@@ -45,6 +45,7 @@ from lightning_attention.ops.lightning.launch import Launcher
 from lightning_attention.ops.lightning.library import last_dim_contiguous, on_device_of, pointers, token_strides
 from lightning_attention.ops.lightning.naive import compute_dtype
 from lightning_attention.ops.lightning.offsets import offsets_for
+from lightning_attention.ops.lightning.plan import FP32_PRECISION
 
 # Register budget of one program's carried state: 8192 fp32 values = 64 registers per thread at 4 warps,
 # leaving room for the [CBLOCK, d] operand tiles (d <= 256) without spilling.
@@ -88,15 +89,15 @@ def kernel_dtypes(dtype: torch.dtype) -> dict:
     """Accumulator, state-operand and fp32-dot precision constexprs for inputs of ``dtype``.
 
     bf16: the state operand is rounded to bf16 (same exponent range as fp32). fp16: the state stays fp32 (it can
-    exceed 65504 on long sequences without decay) and its dot runs as tf32 (10-bit mantissa, like fp16). fp32:
-    exact ("ieee") dots. fp64 (interpreter only, for gradcheck): everything fp64.
+    exceed 65504 on long sequences without decay) and its dot runs as tf32 (10-bit mantissa, like fp16). fp32: the
+    walks' fp32 products (``plan.FP32_PRECISION``). fp64 (interpreter only, for gradcheck): everything fp64.
     """
     if dtype == torch.bfloat16:
         return {"ACC": tl.float32, "STATE_OP": tl.bfloat16, "DOT_PRECISION": "ieee"}
     if dtype == torch.float16:
         return {"ACC": tl.float32, "STATE_OP": tl.float32, "DOT_PRECISION": "tf32"}
     if dtype == torch.float32:
-        return {"ACC": tl.float32, "STATE_OP": tl.float32, "DOT_PRECISION": "ieee"}
+        return {"ACC": tl.float32, "STATE_OP": tl.float32, "DOT_PRECISION": FP32_PRECISION}
     if dtype == torch.float64:
         return {"ACC": tl.float64, "STATE_OP": tl.float64, "DOT_PRECISION": "ieee"}
     raise TypeError(f"q must be float16, bfloat16 or float32, got {dtype}")

@@ -81,7 +81,8 @@ _DKDV_SPACE = (
 DKDV_MAX_DIM = 128
 
 # configurations one shape class tunes over: each costs a compile (1-3 s for bf16/fp16) on the first call; fp32
-# builds (ieee dots lowered to FMA loops) take 10-40 s each, so fp32 takes the first configuration that fits
+# takes the first configuration that fits (its builds, three tf32 products per product, take 1-7 s on a CPU core;
+# no GPU run has ranked its candidates)
 MAX_TUNED = 2
 MAX_TUNED_FP32 = 1
 
@@ -170,7 +171,19 @@ def estimate_shared_bytes(
     if tma and not inter_only:
         estimate += tma_store_bytes(BT, BV, elem_bytes)
         estimate = max(estimate, tma_walk_bytes(BT, BK, BV, num_stages, elem_bytes, state_bytes))
-    return estimate
+    return estimate if inter_only else estimate + split_fp32_bytes(BT, BK, BV, elem_bytes)
+
+
+def split_fp32_bytes(BT: int, BK: int, BV: int, elem_bytes: int) -> int:
+    """What fp32 inputs add to a walk program's shared memory: each of their products runs as three tf32 products
+    on the operands' big and small halves (``plan.FP32_PRECISION``), and where the value tile is not as wide as the
+    chunk the compiler stages the halves of the k tile and the score tile apart: a [BT, BK] and two [BT, BT] fp32
+    tiles more at most (fitted to every configuration of the space built for sm_90 at K = 64, 128 and 256, with and
+    without tensor descriptors; square tiles compiled within the estimate without it). Not for the inter-only mode,
+    whose fp32 tiles fit no GPU's shared memory."""
+    if elem_bytes < 4 or BV == BT:
+        return 0
+    return 4 * BT * (BK + 2 * BT)
 
 
 def tma_walk_bytes(BT: int, BK: int, BV: int, num_stages: int, elem_bytes: int, state_bytes: int) -> int:
@@ -276,7 +289,7 @@ def walk_candidates(
 
     ``state_only``: the segment pre-pass (its own space, no head-dim preference). ``limit``: the device's shared
     memory per block. ``pin``: (BT, BV, num_warps, num_stages) to run instead of the space (still clamped and
-    checked like a tuned one); float32 inputs take only the first candidate (their builds are slow).
+    checked like a tuned one); float32 inputs take only the first candidate (:data:`MAX_TUNED_FP32`).
     """
     shapes = (pin,) if pin is not None else _STATE_SPACE if state_only else _SPACE
     max_configs = MAX_TUNED_FP32 if elem_bytes >= 4 else MAX_TUNED

@@ -28,8 +28,9 @@ no partial sums.
 Numerics: fp32 (fp64 for fp64 inputs, interpreter only) state and accumulators; intra-chunk dots take operands
 in the input dtype; the state operand of the inter-chunk dots is cast to ``STATE_OP`` = bf16 for bf16 inputs and
 kept fp32 otherwise (fp16 would overflow on long sequences without decay), with ``DOT_PRECISION`` "tf32" for
-fp16 inputs and "ieee" for fp32 inputs. The decayed operands are never transposed dot results (the state is
-carried already transposed where a kernel needs Sᵀ), which avoids the Hopper ``tl.trans`` miscompile.
+fp16 inputs and "tf32x3" (three tf32 products, float32's accuracy) for fp32 inputs. The decayed operands are never
+transposed dot results (the state is carried already transposed where a kernel needs Sᵀ), which avoids the Hopper
+``tl.trans`` miscompile.
 """
 
 import triton

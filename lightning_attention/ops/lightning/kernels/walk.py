@@ -298,8 +298,8 @@ def _walk_kernel(
     INTER_APART: tl.constexpr,  # q·S added after the intra product, not its accumulator (configs.walk_config)
     USE_TMA: tl.constexpr,  # tiles moved by tensor descriptors (sm_90 TMA); the host checks alignment, C == BT
     ACC: tl.constexpr,  # tl.float32 (tl.float64 for fp64 inputs under the interpreter)
-    DOT_PREC: tl.constexpr,  # "ieee" for fp32/fp64 operands, else the tensor-core default
-    INTER_PREC: tl.constexpr,  # (q·λ)·S: "ieee" (fp32 inputs), "tf32" (fp32 operands), "input" (bf16 operands),
+    DOT_PREC: tl.constexpr,  # "tf32x3" for fp32 operands, "ieee" for fp64, else the tensor-core default
+    INTER_PREC: tl.constexpr,  # (q·λ)·S: "tf32x3" (fp32 inputs), "ieee" (fp64), "tf32" (fp32 operands), "input" (bf16),
     # "split" (S as two bf16 halves), "bf16x3" (fp16 q and S as bf16 halves)
     SPLIT_OPERANDS: tl.constexpr,  # the fp32 scores and decayed values enter their products as two halves
 ):
