@@ -95,13 +95,14 @@ def test_generate_continues_a_cache_handed_in():
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left-padded"])
 def test_prefill_in_chunks_fills_one_cache(variant, padded):
     """``prefill_chunk_size``: the prompt is read in pieces of 4 tokens into the cache generate() created, then one
-    token per step, and the tokens equal a single prefill's."""
+    token per step, and the tokens and every step's scores equal a single prefill's (left-padded rows too: their LRPE
+    positions count from their first real token however the prompt is read)."""
     model = tiny_tnl(torch.float64, **VARIANTS[variant])
     # transformers 4.x reads the prompt but its last token in chunks through forward() (no hook sees them), then
     # the last token as the first step
     legacy = hasattr(model, "_prefill_chunking")
     ids = torch.randint(1, 256, (2, 11))
-    kwargs = dict(do_sample=False)
+    kwargs = dict(do_sample=False, output_scores=True, return_dict_in_generate=True)
     if padded:
         ids, mask = left_pad([ids[0].tolist(), ids[1, 5:].tolist()])
         kwargs["attention_mask"] = mask
@@ -109,7 +110,10 @@ def test_prefill_in_chunks_fills_one_cache(variant, padded):
     shapes = record_input_lengths(model)
     chunked = generate(model, ids, prefill_chunk_size=4, **kwargs)
     assert shapes == ([(2, 1)] * 6 if legacy else [(2, 4), (2, 4), (2, 3)] + [(2, 1)] * 5)
-    assert torch.equal(chunked, whole)
+    assert torch.equal(chunked.sequences, whole.sequences)
+    assert model.config.linear_use_lrpe_list[0] == 1  # positions matter
+    for step, (a, b) in enumerate(zip(chunked.scores, whole.scores)):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=lambda m, step=step: f"step {step}: {m}")
 
 
 def test_assisted_decoding_is_refused_clearly():

@@ -49,6 +49,10 @@ from lightning_attention.nn.srmsnorm import RMSNorm, SRMSNorm
 from lightning_attention.nn.tnl_attention import TNLAttention
 
 IGNORE_INDEX = -100
+# transformers 4.x reads a prompt in pieces (``prefill_chunk_size``) through this private method, giving every row
+# the positions of the cache slots (``position_ids = cache_position``), blind to left padding; 5.x counts them from
+# the attention mask
+PREFILL_POSITIONS_IGNORE_PADDING = hasattr(GenerationMixin, "_prefill_chunking")
 # a piece of a long inference forward is a whole number of the kernels' chunks (64 tokens) per sequence
 PIECE_ALIGN = 64
 
@@ -404,6 +408,19 @@ class TransNormerForCausalLM(TransNormerPreTrainedModel, GenerationMixin):
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
         return False  # generate() must not create a DynamicCache: the model's own cache is a TransNormerCache
+
+    def prepare_inputs_for_generation(self, input_ids, **kwargs):
+        """transformers' own preparation, except that positions equal to the cache slots' (transformers 4.x's prefill
+        in pieces) are dropped, so that they are counted from the attention mask as for a whole prompt: with left
+        padding a row's real tokens start at position 0, and LRPE sees the same positions in pieces as at once."""
+        positions, slots = kwargs.get("position_ids"), kwargs.get("cache_position")
+        if (
+            PREFILL_POSITIONS_IGNORE_PADDING and positions is not None and slots is not None
+            and kwargs.get("attention_mask") is not None and positions.shape == (1, slots.numel())
+            and torch.equal(positions[0], slots.to(positions.device))
+        ):  # fmt: skip
+            kwargs["position_ids"] = None
+        return super().prepare_inputs_for_generation(input_ids, **kwargs)
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs):
         """``generate()``'s hook that creates the cache before the prompt is read: an empty
