@@ -13,6 +13,7 @@ tf32 products (``plan.FP32_PRECISION``), whose operand halves take shared memory
 reverse walk, the pre-pass and the fused dk/dv walk; ``-m slow`` builds every head dim's candidates.
 """
 
+import itertools
 import json
 import os
 import subprocess
@@ -225,8 +226,7 @@ def test_backward_and_prepass_variants_compile(ci_builds, cc):
 @pytest.mark.parametrize("cc", ARCHS)
 def test_fp32_walks_fit(ci_builds, cc):
     """fp32 walks (three tf32 products per product) within the limit and the estimate: the forward at K = 64, 128
-    and 256, odd head dims with packed sequences, and on sm_90 the reverse segmented walk and the pre-pass, where
-    K = 256 took the narrow tiles that the halves' shared memory leaves room for."""
+    and 256, odd head dims with packed sequences, and on sm_90 the reverse segmented walk and the pre-pass."""
     builds = [r for r in ci_builds if r["kernel"] == "walk" and r["dtype"] == "fp32" and r["cc"] == cc]
     assert {r["DK"] for r in builds if not r["flags"]} == {64, 128, 256}
     check(builds)
@@ -307,20 +307,22 @@ def test_inter_only_mode_runs_one_configuration():
 
 def test_walk_tiles_are_at_least_64_wide_where_they_fit():
     """Tiles narrower than 64 faulted or computed wrong values on an H100 (configs.WALK_MIN_TILE): on sm_90 no
-    selection has one, for any head dims; elsewhere one appears only where nothing wider fits, and with 8 warps."""
+    selection has one, for any head dims, 16-bit or fp32 inputs (whose operand halves take more shared memory), with
+    or without descriptors; elsewhere one appears only where nothing wider fits, and with 8 warps."""
     from lightning_attention.ops.lightning.device import SHARED_PER_BLOCK
     from lightning_attention.ops.lightning.kernels.configs import WALK_MIN_TILE, walk_candidates, walk_tile
 
     dims = ((128, 16), (16, 128), (16, 16), (64, 32), (32, 64), (32, 32), (128, 32), (48, 40), (256, 256), (256, 32))
+    loads = ((2, False), (4, False), (4, True))  # (bytes per input element, descriptors)
     for cc, limit in SHARED_PER_BLOCK.items():
-        for dk, dv in dims:
+        for (dk, dv), (elem_bytes, tma), state_only in itertools.product(dims, loads, (False, True)):
             assert walk_tile(dk) >= WALK_MIN_TILE
-            for state_only in (False, True):
-                cfgs = walk_candidates(dk, dv, 2, limit, state_only=state_only, tma=False, state_bytes=4)
-                narrow = [c for c in cfgs if c.kwargs["BV"] < WALK_MIN_TILE]
-                assert cfgs and all(c.num_warps == 8 for c in narrow), (cc, dk, dv, state_only, cfgs)
-                if cc == 90:
-                    assert not narrow, (dk, dv, state_only, cfgs)
+            cfgs = walk_candidates(dk, dv, elem_bytes, limit, state_only=state_only, tma=tma, state_bytes=4)
+            narrow = [c for c in cfgs if c.kwargs["BV"] < WALK_MIN_TILE]
+            label = (cc, dk, dv, elem_bytes, tma, state_only, cfgs)
+            assert cfgs and all(c.num_warps == 8 for c in narrow), label
+            if cc == 90:
+                assert not narrow, label
     wide = walk_candidates(128, 128, 2, SHARED_PER_BLOCK[90], state_only=False, tma=False, state_bytes=4)
     assert any(c.num_warps == 4 for c in wide)  # the mainstream configurations keep their 4 warps
 

@@ -157,7 +157,14 @@ def estimate_shared_bytes(
     with K tiles of :data:`POINTER_WIDE_BK` or more stages the v tile twice per stage (sm_90: 245,760 B compiled at
     (BT, BV, stages) = (64, 64, 3), over the limit). ``state_only``: the segment pre-pass (no q, o or score tile:
     it compiles to at most 60% of the walk's estimate, which bounds it without that term).
+
+    fp32 inputs (three tf32 products per product, ``plan.FP32_PRECISION``), with or without descriptors:
+    :func:`tma_walk_bytes` plus :func:`split_fp32_bytes`, which every configuration of the space compiles within on
+    sm_80, sm_90 and sm_120 at K = 64, 128 and 256 (the terms above, fitted to 16-bit builds, overstate these walks:
+    at K = 256 on sm_90 they ruled out every 64-wide tile).
     """
+    if elem_bytes >= 4 and not inter_only:
+        return tma_walk_bytes(BT, BK, BV, num_stages, elem_bytes, state_bytes) + split_fp32_bytes(BT, BK, BV, elem_bytes)
     qk = 2 * BT * BK * elem_bytes
     if num_stages < 2:
         qk //= 2
@@ -171,16 +178,14 @@ def estimate_shared_bytes(
     if tma and not inter_only:
         estimate += tma_store_bytes(BT, BV, elem_bytes)
         estimate = max(estimate, tma_walk_bytes(BT, BK, BV, num_stages, elem_bytes, state_bytes))
-    return estimate if inter_only else estimate + split_fp32_bytes(BT, BK, BV, elem_bytes)
+    return estimate
 
 
 def split_fp32_bytes(BT: int, BK: int, BV: int, elem_bytes: int) -> int:
-    """What fp32 inputs add to a walk program's shared memory: each of their products runs as three tf32 products
-    on the operands' big and small halves (``plan.FP32_PRECISION``), and where the value tile is not as wide as the
-    chunk the compiler stages the halves of the k tile and the score tile apart: a [BT, BK] and two [BT, BT] fp32
-    tiles more at most (fitted to every configuration of the space built for sm_90 at K = 64, 128 and 256, with and
-    without tensor descriptors; square tiles compiled within the estimate without it). Not for the inter-only mode,
-    whose fp32 tiles fit no GPU's shared memory."""
+    """What the operand halves of fp32 inputs' products add to a walk program's shared memory: where the value tile
+    is not as wide as the chunk, the compiler stages the halves of the k tile and of the score tile apart, a [BT, BK]
+    and two [BT, BT] fp32 tiles more at most; square tiles need nothing more (fitted with
+    :func:`estimate_shared_bytes`)."""
     if elem_bytes < 4 or BV == BT:
         return 0
     return 4 * BT * (BK + 2 * BT)
