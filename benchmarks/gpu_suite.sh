@@ -37,6 +37,9 @@
 # sanitizer   the GPU reliability tests under compute-sanitizer's memcheck                    240
 # model_quality  the model-quality protocol, resumed from $MQ_DIR (carried; default
 #             runs/mq), the corpus in .corpus/ (carried)                                     580
+# tune        the tuned table of this GPU's architecture (benchmarks/tune_table.py): written to     560
+#             tuned_table.py and tune_table.json in the results (copy the module to
+#             lightning_attention/ops/lightning/kernels/tuned_sm<NN>.py)
 # tables      the markdown tables and targets of everything this call measured (put it last) 60
 # pack_cache  the Triton cache split into $OUT/tcache.part-* (carry it back as .tcache_pack/)
 #
@@ -146,6 +149,7 @@ for stage in ${stages//,/ }; do
                        run model_quality 580 python3 -m lightning_attention.bench model-quality --corpus .corpus \
                            --out "$mq" --resume --time-limit 540
                        tar czf "$out/mq.tgz" -C "$(dirname "$mq")" "$(basename "$mq")" ;;
+        tune) run tune 560 python3 benchmarks/tune_table.py --out "$res/tuned_table.py" --json "$res/tune_table.json" ;;
         tables) run tables 60 python3 -m lightning_attention.bench.tables "$res" --out "$res/tables.md" ;;
         # split under the 16 MiB a returned file may have; a call carries at most 64 MiB: once FLA's kernels are in
         # the cache, move their entries into .tcache_pack_fla/, carried only by the calls that time FLA

@@ -76,6 +76,8 @@ class Settings:
         gluon: the two-warpgroup walk where it applies (K = 256, bf16, sm_90).
         tma: tensor descriptors where the inputs meet their alignment rules.
         direct_launch: compiled kernels launched directly once verified, instead of through Triton's launcher.
+        tuned_table: autotuned launches take the configuration measured for their shape class on this GPU
+            architecture where one is shipped (``kernels/tuned.py``), instead of autotuning.
     """
 
     backend: str = "auto"
@@ -89,6 +91,7 @@ class Settings:
     gluon: bool = True
     tma: bool = True
     direct_launch: bool = True
+    tuned_table: bool = True
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -137,7 +140,8 @@ def from_environment(environ: Mapping[str, str] = os.environ) -> Settings:
     for name, field in (("SEGMENT_LEN", "segment_len"), ("PREPASS_LEN", "prepass_len")):
         if (text := get(name)) is not None:
             values[field] = _int(PREFIX + name, text)
-    for name, field in (("DKDV", "fused_dkdv"), ("GLUON", "gluon"), ("TMA", "tma"), ("DIRECT_LAUNCH", "direct_launch")):
+    for name, field in (("DKDV", "fused_dkdv"), ("GLUON", "gluon"), ("TMA", "tma"), ("DIRECT_LAUNCH", "direct_launch"),
+                        ("TUNED_TABLE", "tuned_table")):
         if (text := get(name)) is not None:
             values[field] = _flag(PREFIX + name, text)
     for name, field in (("BF16_INTER", "bf16_inter"), ("PRECISION", "precision")):

@@ -11,7 +11,7 @@ import functools
 
 import torch
 
-from lightning_attention.ops.lightning.kernels import walk_ws
+from lightning_attention.ops.lightning.kernels import dkdv_walk, tuned, walk, walk_ws
 from lightning_attention.ops.lightning.kernels.configs import (
     cdiv,
     dkdv_candidates,
@@ -70,12 +70,37 @@ def launchers() -> list[Launcher]:
     return list(_LAUNCHERS)
 
 
+# every autotuned launch planned in this process: its tuned-table key -> the shapes of its candidates
+_AUTOTUNED: dict[tuple, tuple[tuple[int, int, int, int], ...]] = {}
+
+
+def autotuned_launches() -> dict[tuple, tuple[tuple[int, int, int, int], ...]]:
+    """The tuned-table keys (``kernels/tuned.table_key``) of the autotuned launches planned so far, each with the
+    (BT, BV, num_warps, num_stages) of its candidates, best first (what ``benchmarks/tune_table.py`` measures)."""
+    return dict(_AUTOTUNED)
+
+
+def forget_autotuned() -> None:
+    _AUTOTUNED.clear()
+
+
+def config_shape(cfg, constexprs: dict) -> tuple[int, int, int, int]:
+    """(BT, BV, num_warps, num_stages) of a candidate, BT and BV from the launch where the candidate leaves them."""
+    return (cfg.kwargs.get("BT", constexprs.get("BT")), cfg.kwargs.get("BV", constexprs.get("BV")), cfg.num_warps,
+            cfg.num_stages)  # fmt: skip
+
+
 def _launch_tuned(b: ProgramBuilder, p: ChunkProblem, kind: str, plain: Launcher, candidates: tuple, per_tile: int,
-                  DV: int, args, constexprs: dict, x: Ref) -> None:  # fmt: skip
+                  DV: int, args, constexprs: dict, x: Ref, key: tuple) -> None:  # fmt: skip
     """A launch over ``candidates``: the plain kernel with the one configuration, or the autotuner over several; the
-    grid is ``per_tile`` programs per value tile (its width chosen by the configuration). Under Triton's interpreter
-    (no GPU) the plain kernel runs the first candidate: the autotuner's benchmark needs a GPU driver, and timings
-    taken on the interpreter would say nothing about one."""
+    grid is ``per_tile`` programs per value tile (its width chosen by the configuration). Where ``key`` (a tuned-table
+    key) has an entry for this GPU's architecture among the candidates, that one alone (``kernels/tuned.py``). Under
+    Triton's interpreter (no GPU) the plain kernel runs the first candidate: the autotuner's benchmark needs a GPU
+    driver, and timings taken on the interpreter would say nothing about one."""
+    if len(candidates) > 1:
+        _AUTOTUNED[key] = tuple(config_shape(c, constexprs) for c in candidates)
+        entry = tuned.tuned_config(p.device.capability, key) if p.settings.tuned_table else None
+        candidates = tuple(c for c in candidates if config_shape(c, constexprs) == entry) or candidates
     if len(candidates) == 1 or not p.device.is_cuda:
         cfg = candidates[0]
         constexprs = {**constexprs, **cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
@@ -83,6 +108,10 @@ def _launch_tuned(b: ProgramBuilder, p: ChunkProblem, kind: str, plain: Launcher
         return
     grid = (lambda meta: (cdiv(DV, meta["BV"]) * per_tile,)) if kind == "walk" else (per_tile,)
     b.launch(_tuned(kind, candidates), grid, args, constexprs, x)
+
+
+def _dtype_name(x: Ref) -> str:
+    return str(x.dtype).removeprefix("torch.")
 
 
 def _strides(x: Ref | None) -> tuple:
@@ -119,12 +148,13 @@ def walk_launch(
     dot_prec, inter_prec, split = precisions(q.dtype, p.settings)
     cu = _cu_seqlens(b, p) if plan.varlen == 1 else None
     table = None if plan.seg_table is None else _segment_table(b, plan)
+    wave_count = waves(p, cdiv(DV, 64) * H * plan.total)
     args = (
         q, k, v, o_, *pointers(q, slope, h0, ht, states, cu, table),
         *token_strides(q, k, v, o_), _strides(h0), _strides(ht), _strides(states),
         float(scale_intra), float(scale_inter), float(scale_upd),
         T, H, plan.per_seq, plan.seg_len, inter_chunk if not state_only else 0,
-        waves(p, cdiv(DV, 64) * H * plan.total),
+        wave_count,
     )  # fmt: skip
     constexprs = dict(
         DK=DK, DV=DV, BK=walk_tile(DK),
@@ -153,7 +183,8 @@ def walk_launch(
         DK, DV, q.element_size(), p.device.shared_per_block, state_only=state_only, tma=use_tma,
         state_bytes=state_operand_bytes(inter_prec), pin=pin(p),
     )  # fmt: skip
-    _launch_tuned(b, p, "walk", _WALK, candidates, per_tile, DV, args, constexprs, q)
+    key = tuned.table_key("walk", _dtype_name(q), {**constexprs, "WAVES": wave_count}, walk.AUTOTUNE_KEY)
+    _launch_tuned(b, p, "walk", _WALK, candidates, per_tile, DV, args, constexprs, q, key)
 
 
 def _two_warpgroup_walk(
@@ -224,7 +255,9 @@ def dkdv_launch(b, p, q, k, v, do, dk, dv, *, slope, dht, dh0, g_states, plan, T
     candidates = dkdv_candidates(
         DK, DV, q.element_size(), state_operand_bytes(inter_prec), p.device.shared_per_block, fixed_bt, pin(p)
     )
-    _launch_tuned(b, p, "dkdv", _DKDV, candidates, H * plan.total, padded_dim(DV), args, constexprs, q)
+    fields = dkdv_walk.AUTOTUNE_KEY if not fixed_bt else [*dkdv_walk.AUTOTUNE_KEY, "BT"]
+    key = tuned.table_key("dkdv", _dtype_name(q), constexprs, fields)
+    _launch_tuned(b, p, "dkdv", _DKDV, candidates, H * plan.total, padded_dim(DV), args, constexprs, q, key)
 
 
 def _scan_launch(b, states, pieces_states, pieces: PrepassPieces, *, slope, h0, ht, plan, N, H, T, reverse):

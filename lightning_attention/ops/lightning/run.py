@@ -24,7 +24,7 @@ import torch
 
 from lightning_attention import settings
 from lightning_attention.ops.lightning.device import device_info
-from lightning_attention.ops.lightning.launches import dkdv_launch, segmented_states, walk_launch
+from lightning_attention.ops.lightning.launches import dkdv_launch, forget_autotuned, segmented_states, walk_launch
 from lightning_attention.ops.lightning.naive import compute_dtype
 from lightning_attention.ops.lightning.plan import (
     ChunkProblem,
@@ -223,6 +223,8 @@ def chunk_backward(
 
 
 def clear_programs() -> None:
-    """Forgets every cached program (tests that replace a planning function)."""
+    """Forgets every cached program, and the autotuned launches they planned (tests that replace a planning function,
+    ``benchmarks/tune_table.py`` between its pinned candidates)."""
     for cached in (forward_program, backward_program, _forward_program, _backward_program):
         cached.cache_clear()
+    forget_autotuned()

@@ -153,7 +153,7 @@ def _dkdv_walk_kernel(
         tl.store(p_g, b_g.to(dh0.dtype.element_ty), mask=m_kv)
 
 
-_AUTOTUNE_KEY = ["DK", "DV", "VARLEN", "HAS_DECAY", "SEG_IN", "USE_H0", "INTER_ONLY"]
+AUTOTUNE_KEY = ["DK", "DV", "VARLEN", "HAS_DECAY", "SEG_IN", "USE_H0", "INTER_ONLY"]
 
 dkdv_kernel = _dkdv_walk_kernel
 
@@ -162,5 +162,5 @@ dkdv_kernel = _dkdv_walk_kernel
 def tuned_dkdv_kernel(configs: tuple[triton.Config, ...]):
     """The fused dk/dv walk autotuned over ``configs`` (the plan's candidates, ``configs.dkdv_candidates``); where
     they leave BT to the caller (the inter-only mode fixes it), BT joins the key."""
-    key = _AUTOTUNE_KEY if "BT" in configs[0].kwargs else [*_AUTOTUNE_KEY, "BT"]
+    key = AUTOTUNE_KEY if "BT" in configs[0].kwargs else [*AUTOTUNE_KEY, "BT"]
     return triton.autotune(configs=list(configs), key=key, **AUTOTUNE_CACHE)(_dkdv_walk_kernel)

@@ -425,7 +425,7 @@ def _walk_kernel(
 AUTOTUNE_CACHE = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
 # WAVES: whether the grid fits the GPU in one round decides the best pipeline depth (two walks of one shape class
 # may want different stages), so the two are tuned apart; the rest of the shape (T, batch) is left out of the key
-_AUTOTUNE_KEY = [
+AUTOTUNE_KEY = [
     "DK", "DV", "VARLEN", "REVERSE", "HAS_DECAY", "STATE_ONLY", "SEG_IN", "USE_H0", "INTER_ONLY", "USE_TMA", "WAVES",
     "SPLIT_OPERANDS",
 ]  # fmt: skip
@@ -438,4 +438,4 @@ walk_kernel = _walk_kernel
 def tuned_walk_kernel(configs: tuple[triton.Config, ...]):
     """The walk autotuned over ``configs`` (the plan's candidates, ``configs.walk_candidates``): one autotuner per
     candidate list, so the plan's selector is the only one."""
-    return triton.autotune(configs=list(configs), key=_AUTOTUNE_KEY, **AUTOTUNE_CACHE)(_walk_kernel)
+    return triton.autotune(configs=list(configs), key=AUTOTUNE_KEY, **AUTOTUNE_CACHE)(_walk_kernel)

@@ -1,0 +1,163 @@
+"""Measures the tuned table of this GPU's architecture (``lightning_attention/ops/lightning/kernels/tuned.py``) and
+writes it: the configuration each autotuned launch of the benchmark grids takes instead of autotuning.
+
+For each shape class (bf16 grid (a) at K = V = 64, 128 and 256, batch 1 at 128K tokens, fp16 and the split
+precision at K = 128; ``--classes`` for others) the script plans and runs one fwd+bwd (compiling every candidate),
+then, for each autotuned launch of the call (its key: ``kernels/tuned.table_key``), pins each candidate in turn
+through a table of one entry (the call's other launches keep the autotuner's choice, made once per process) and
+times the whole fwd+bwd (``triton.testing.do_bench`` median), ``--reps`` rounds with the candidates interleaved.
+A key's times add up over the classes that launch it. The winner is the fastest candidate, unless the selector's
+first candidate is within ``--tie`` of it: then the first, so that a choice the timings cannot tell apart follows the
+selector's rule instead of the noise. Every candidate is one the GPU suite value-checks against float64
+(tests/ops/test_configs_gpu.py), so no configuration enters the table unchecked.
+
+    python benchmarks/tune_table.py                      # writes kernels/tuned_sm<NN>.py for this GPU
+    python benchmarks/tune_table.py --classes bf16:4x16384x64,bf16:1x131072x128 --reps 5 --json tune.json
+
+The written module names the GPU, the software, the commit measured and this command; the JSON (``--json``) holds
+every timing.
+"""
+
+import argparse
+import json
+import pathlib
+import pprint
+import statistics
+import sys
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TABLE_FOLDER = ROOT / "lightning_attention" / "ops" / "lightning" / "kernels"
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+GRID_A = tuple((65536 // T, T) for T in (1024, 2048, 4096, 8192, 16384, 32768, 65536))
+# (dtype, B, T, D, precision): where the benchmarks and the training runs spend their time, the most used first (the
+# table is rewritten after every class, so a run cut short keeps what it measured)
+DEFAULT_CLASSES = (
+    *(("bf16", B, T, D, "input") for D in (128, 64, 256) for B, T in GRID_A),
+    *(("bf16", 1, 131072, D, "input") for D in (64, 128, 256)),
+    *(("fp16", B, T, 128, "input") for B, T in GRID_A),
+    *(("bf16", B, T, 128, "split") for B, T in GRID_A),
+)
+
+
+def parse_class(text: str) -> tuple[str, int, int, int, str]:
+    """``"bf16:4x16384x64"`` or ``"bf16:4x16384x64:split"`` -> (dtype, B, T, D, precision)."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or parts[0] not in DTYPES:
+        raise ValueError(f"a class is DTYPE:BxTxD[:PRECISION] with DTYPE in {sorted(DTYPES)}, got {text!r}")
+    B, T, D = (int(x) for x in parts[1].split("x"))
+    return parts[0], B, T, D, parts[2] if len(parts) == 3 else "input"
+
+
+def choose(times: dict, candidates: dict, tie: float) -> dict:
+    """The table: per key, the candidate with the least total time, or the first candidate (the selector's order)
+    where it is within ``tie`` (a fraction) of that.
+
+    ``times``: key -> candidate -> list of times (ms) of the calls that ran it, one per class and round;
+    ``candidates``: key -> the candidates in the selector's order."""
+    table = {}
+    for key, options in candidates.items():
+        totals = {c: sum(times[key][c]) for c in options if times.get(key, {}).get(c)}
+        if not totals:
+            continue
+        best = min(totals, key=totals.get)
+        first = options[0]
+        table[key] = first if first in totals and totals[first] <= totals[best] * (1 + tie) else best
+    return table
+
+
+def render(table: dict, provenance: str) -> str:
+    """The source of a ``tuned_sm<NN>.py`` module holding ``table`` (sorted, one entry a line)."""
+    from lightning_attention.ops.lightning.kernels import dkdv_walk, walk
+
+    entries = "".join(f"    {key!r}: {value!r},\n" for key, value in sorted(table.items(), key=repr))
+    return (
+        f'"""Launch configurations measured on this architecture (read through\n'
+        f":mod:`lightning_attention.ops.lightning.kernels.tuned`).\n\n{provenance}\n"
+        f'"""\n\n'
+        f"# key: (kind, dtype, INTER_PREC, *the kernel's autotuning key): walk {tuple(walk.AUTOTUNE_KEY)}, dk/dv walk\n"
+        f"# {tuple(dkdv_walk.AUTOTUNE_KEY)}; value: (BT, BV, num_warps, num_stages)\n"
+        f"CONFIGS: dict[tuple, tuple[int, int, int, int]] = {{\n{entries}}}\n"
+    )
+
+
+def measure(classes, reps: int, warmup_ms: int, rep_ms: int, log=print, after_class=None) -> tuple[dict, dict]:
+    """(times, candidates) over ``classes`` on this GPU (see :func:`choose`); ``after_class(times, candidates)`` is
+    called as each class finishes."""
+    from timed_calls import device_ms, make_problem
+
+    from lightning_attention import settings
+    from lightning_attention.ops.lightning import launches, run
+    from lightning_attention.ops.lightning.kernels import tuned
+
+    times: dict = {}
+    candidates: dict = {}
+    for dtype, B, T, D, precision in classes:
+        with settings.override(precision=precision, tuned_table=True), tuned.override({}):
+            run.clear_programs()
+            problem = make_problem(B, T, D=D, dtype=DTYPES[dtype])
+            problem.fwd_bwd()  # plans, compiles every candidate, autotunes
+            keys = launches.autotuned_launches()
+            log(f"{dtype} {B}x{T}x{D} {precision}: {len(keys)} autotuned launches")
+        for key, options in keys.items():
+            candidates.setdefault(key, options)
+            for _ in range(reps):
+                for option in options:
+                    with settings.override(precision=precision), tuned.override({key: option}):
+                        run.clear_programs()
+                        ms = device_ms(problem.fwd_bwd, warmup=warmup_ms, rep=rep_ms)
+                    times.setdefault(key, {}).setdefault(option, []).append(ms)
+            medians = {o: statistics.median(times[key][o][-reps:]) for o in options}
+            log(f"  {key}: " + ", ".join(f"{o} {ms:.3f} ms" for o, ms in medians.items()))
+        run.clear_programs()
+        del problem
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        if after_class is not None:
+            after_class(times, candidates)
+    return times, candidates
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--classes", default=None, help="comma-separated DTYPE:BxTxD[:PRECISION] (default: the grids)")
+    parser.add_argument("--reps", type=int, default=3, help="rounds of each candidate per class")
+    parser.add_argument("--tie", type=float, default=0.01, help="keep the first candidate within this fraction")
+    parser.add_argument("--warmup-ms", type=int, default=25)
+    parser.add_argument("--rep-ms", type=int, default=100)
+    parser.add_argument("--out", default=None, help="the module to write (default: kernels/tuned_sm<NN>.py)")
+    parser.add_argument("--json", default=None, help="also write every timing here")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("tune_table.py measures on a CUDA GPU")
+    from lightning_attention.bench.machine import machine_info, machine_line
+
+    classes = [parse_class(c) for c in args.classes.split(",")] if args.classes else list(DEFAULT_CLASSES)
+    major, minor = torch.cuda.get_device_capability()
+    capability = major * 10 + minor
+    info = machine_info("cuda")  # before the table changes the package's sources
+    command = "python benchmarks/tune_table.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    out = pathlib.Path(args.out) if args.out else TABLE_FOLDER / f"tuned_sm{capability}.py"
+    finished = []
+
+    def write(times: dict, candidates: dict) -> None:
+        finished.append(1)
+        table = choose(times, candidates, args.tie)
+        provenance = (f"Measured on {machine_line(info)}, source {info.get('source_sha256')} (git {info.get('git')}):\n"
+                      f"``{command.strip()}``; {len(table)} entries from {len(finished)} of {len(classes)} shape "
+                      f"classes.")
+        out.write_text(render(table, provenance))
+        if args.json:
+            rows = [{"key": list(k), "candidate": list(c), "ms": v} for k, by in times.items() for c, v in by.items()]
+            pathlib.Path(args.json).write_text(json.dumps(
+                {"machine": info, "table": [[list(k), list(v)] for k, v in table.items()], "times": rows}, indent=1))
+
+    times, candidates = measure(classes, args.reps, args.warmup_ms, args.rep_ms, after_class=write)
+    table = choose(times, candidates, args.tie)
+    print(f"wrote {out}: {len(table)} entries")
+    pprint.pprint(table, width=200)
+
+
+if __name__ == "__main__":
+    main()

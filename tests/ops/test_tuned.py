@@ -1,0 +1,184 @@
+"""The tuned table (``kernels/tuned.py``): a configuration measured for a shape class replaces autotuning where the
+selector offers it, and ``benchmarks/tune_table.py``, which measures it, without a GPU (its timings replaced by a
+fake that knows the fastest candidate).
+
+Plans are made for an H100 (``device.H100``) as in tests/ops/test_plan.py, so the launches are the ones a GPU run
+would make: the autotuner's launcher where the table has no entry, the plain walk with the entry's configuration
+where it has one.
+"""
+
+import importlib
+import pathlib
+import runpy
+
+import pytest
+import torch
+
+from lightning_attention import settings
+from lightning_attention.ops.lightning import launches, run
+from lightning_attention.ops.lightning.device import SHARED_PER_BLOCK
+from lightning_attention.ops.lightning.kernels import configs, tuned, walk
+from lightning_attention.ops.lightning.plan import TMA_MIN_CAPABILITY
+from tests.ops.test_plan import problem
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TUNED_NAMES = {"lightning_attn walk (tuned)", "lightning_attn dk/dv walk (tuned)"}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_programs():
+    run.clear_programs()
+    yield
+    run.clear_programs()
+
+
+def _walks(program) -> list[tuple[str, tuple | None]]:
+    """(launcher name, (BT, BV, num_warps, num_stages) where the launch fixes them) of every walk launch."""
+    rows = []
+    for launch in program.launches:
+        c = launch.constexprs
+        shape = (c["BT"], c["BV"], c["num_warps"], c["num_stages"]) if "num_warps" in c else None
+        rows.append((launch.launcher.name, shape))
+    return [row for row in rows if "walk" in row[0]]
+
+
+def _autotuned(p) -> dict:
+    run.clear_programs()
+    run.forward_program(p)
+    return launches.autotuned_launches()
+
+
+def test_an_entry_replaces_autotuning_for_its_shape_class_only():
+    p = problem(B=8, T=8192)
+    keys = _autotuned(p)
+    assert len(keys) == 1 and all(len(options) == configs.MAX_TUNED for options in keys.values())
+    (key, options), = keys.items()
+    assert key[:3] == ("walk", "bfloat16", "input") and len(key) == 3 + len(walk.AUTOTUNE_KEY)
+    assert [name for name, _ in _walks(run.forward_program(p))] == ["lightning_attn walk (tuned)"]
+
+    second = options[1]
+    with tuned.override({key: second}):
+        run.clear_programs()
+        assert _walks(run.forward_program(p)) == [("lightning_attn walk", second)]
+        other = problem(B=8, T=8192, K=64, V=64)  # another class: autotuned as before
+        assert {name for name, _ in _walks(run.forward_program(other))} <= TUNED_NAMES
+
+
+def test_an_entry_the_selector_does_not_offer_is_ignored():
+    """A configuration that is not among the candidates there (another GPU's shared memory, a width the GPU checks
+    never ran) leaves the launch to the autotuner."""
+    p = problem(B=8, T=8192)
+    (key, _), = _autotuned(p).items()
+    with tuned.override({key: (16, 16, 1, 1)}):
+        run.clear_programs()
+        assert [name for name, _ in _walks(run.forward_program(p))] == ["lightning_attn walk (tuned)"]
+
+
+def test_the_setting_off_autotunes_every_launch():
+    p = problem(B=8, T=8192)
+    (key, options), = _autotuned(p).items()
+    with tuned.override({key: options[1]}):
+        run.clear_programs()
+        off = problem(B=8, T=8192, tuned_table=False)
+        assert [name for name, _ in _walks(run.forward_program(off))] == ["lightning_attn walk (tuned)"]
+    assert settings.from_environment({"LIGHTNING_ATTENTION_TUNED_TABLE": "0"}).tuned_table is False
+
+
+def test_keys_tell_shape_classes_apart():
+    """Segmented launches, the reverse walks, fp16 and the split precision each have keys of their own; another
+    length and batch of the same class, whose programs also take more than one wave, shares them."""
+    segmented = _autotuned(problem(B=1, T=131072))
+    backward = set(_backward_keys(problem(B=8, T=8192, backward=True)))
+    fp16 = _autotuned(problem(B=8, T=8192, dtype=torch.float16))
+    split = _autotuned(problem(B=8, T=8192, precision="split"))
+    plain = set(_autotuned(problem(B=8, T=8192)))
+    assert len(segmented) >= 2  # the pre-pass and the walk over segments
+    assert all(not plain & set(keys) for keys in (segmented, fp16, split))
+    assert any(key[3 + walk.AUTOTUNE_KEY.index("REVERSE")] for key in backward)
+    assert plain == set(_autotuned(problem(B=16, T=4096)))  # more than one wave of programs, as 8 x 8K
+
+
+def _backward_keys(p) -> dict:
+    run.clear_programs()
+    run.backward_program(p)
+    return launches.autotuned_launches()
+
+
+@pytest.mark.parametrize("capability", sorted(tuned.TABLES))
+def test_shipped_entries_are_candidates_the_gpu_checks(capability):
+    """Every entry of a shipped table is a candidate the selector offers for its key on that architecture, so the
+    GPU suite's configuration check (tests/ops/test_configs_gpu.py) has run it against float64; its key has the
+    kernel's fields."""
+    fields = {"walk": walk.AUTOTUNE_KEY}
+    for key, entry in tuned.TABLES[capability].items():
+        kind, dtype, inter_prec, *values = key
+        assert kind in ("walk", "dkdv") and dtype in ("bfloat16", "float16", "float32"), key
+        if kind != "walk":
+            continue
+        named = dict(zip(fields[kind], values, strict=True))
+        elem = 4 if dtype == "float32" else 2
+        offered = configs.walk_candidates(
+            named["DK"], named["DV"], elem, SHARED_PER_BLOCK[capability], state_only=named["STATE_ONLY"],
+            tma=named["USE_TMA"] and capability >= TMA_MIN_CAPABILITY,
+            state_bytes=configs.state_operand_bytes(inter_prec),
+        )  # fmt: skip
+        assert entry in [launches.config_shape(c, {}) for c in offered], (key, entry)
+
+
+# benchmarks/tune_table.py
+
+
+@pytest.fixture
+def tune_table(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    return importlib.import_module("tune_table")
+
+
+def test_choose_takes_the_fastest_unless_the_first_is_within_the_tie(tune_table):
+    a, b = (64, 64, 4, 2), (64, 64, 4, 3)
+    candidates = {"k1": (a, b), "k2": (a, b), "k3": (a, b)}
+    times = {
+        "k1": {a: [1.00, 1.00], b: [0.90, 0.91]},  # b clearly faster
+        "k2": {a: [1.00, 1.00], b: [0.996, 0.996]},  # within 1%: the selector's first
+        "k3": {a: [1.00]},  # one measured
+    }
+    assert tune_table.choose(times, candidates, tie=0.01) == {"k1": b, "k2": a, "k3": a}
+
+
+def test_render_writes_a_module_that_reads_back(tune_table, tmp_path):
+    table = {("walk", "bfloat16", "input", 128, 128, 0, False, True, False, False, False, False, True, 1, False):
+             (64, 64, 4, 3)}  # fmt: skip
+    module = tmp_path / "tuned_test.py"
+    module.write_text(tune_table.render(table, "Measured on a test."))
+    assert runpy.run_path(str(module))["CONFIGS"] == table
+    assert tune_table.parse_class("bf16:4x16384x64") == ("bf16", 4, 16384, 64, "input")
+    assert tune_table.parse_class("fp16:1x2048x128:split") == ("fp16", 1, 2048, 128, "split")
+    with pytest.raises(ValueError, match="DTYPE"):
+        tune_table.parse_class("fp32:1x2x3")
+
+
+def test_measure_pins_each_candidate_and_finds_the_fastest(tune_table, monkeypatch):
+    """The measuring loop with the GPU replaced: a call plans the class's programs for an H100, and its time says
+    which candidate each autotuned launch ran (the second one is faster for every key)."""
+    import timed_calls
+
+    class FakeProblem:
+        def __init__(self, B, T, D, dtype):
+            self.p = problem(B=B, T=T, K=D, V=D, dtype=dtype, precision=settings.current().precision)
+
+        def fwd_bwd(self):
+            run.forward_program(self.p)
+
+    def fake_ms(fn, warmup, rep):
+        fn()
+        table = tuned._override or {}
+        ran = launches.autotuned_launches()
+        return sum(0.9 if table.get(key) == options[1] else 1.0 for key, options in ran.items())
+
+    monkeypatch.setattr(timed_calls, "make_problem", lambda B, T, D, dtype: FakeProblem(B, T, D, dtype))
+    monkeypatch.setattr(timed_calls, "device_ms", fake_ms)
+    classes = [("bf16", 8, 8192, 128, "input"), ("bf16", 1, 131072, 128, "input")]
+    times, candidates = tune_table.measure(classes, reps=2, warmup_ms=1, rep_ms=1, log=lambda *_: None)
+    assert len(candidates) >= 3
+    table = tune_table.choose(times, candidates, tie=0.01)
+    assert table == {key: options[1] for key, options in candidates.items()}
