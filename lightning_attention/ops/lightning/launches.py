@@ -81,6 +81,7 @@ def autotuned_launches() -> dict[tuple, tuple[tuple[int, int, int, int], ...]]:
 
 
 def forget_autotuned() -> None:
+    """Empties :func:`autotuned_launches` (with the cached programs that planned them: ``run.clear_programs``)."""
     _AUTOTUNED.clear()
 
 

@@ -81,8 +81,8 @@ _DKDV_SPACE = (
 DKDV_MAX_DIM = 128
 
 # configurations one shape class tunes over: each costs a compile (1-3 s for bf16/fp16) on the first call; fp32
-# takes the first configuration that fits (its builds, three tf32 products per product, take 1-7 s on a CPU core;
-# no GPU run has ranked its candidates)
+# takes the first configuration that fits (its builds, three tf32 products per product, take 1.4-5 s each on a CPU
+# core; no GPU run has ranked its candidates)
 MAX_TUNED = 2
 MAX_TUNED_FP32 = 1
 
