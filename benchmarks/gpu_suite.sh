@@ -5,7 +5,7 @@
 #   bash benchmarks/gpu_suite.sh STAGE[,STAGE...]          from the repository root; default: tests
 #
 # stage       what it runs                                                                    limit (s)
-# tests       pytest -m gpu: every GPU-marked test but the configuration check (pytest-xdist   $TESTS_S or 300
+# tests       pytest -m gpu: every GPU-marked test but the configuration check (pytest-xdist   $TESTS_S or 560
 #             workers when installed)
 # configs     pytest -m gpu, the rest: every launch configuration the GPU can pick, each      $CONFIGS_S or 580
 #             against float64 (tests/ops/test_configs_gpu.py; its units compile side by side)
@@ -83,7 +83,7 @@ bench="python3 -m lightning_attention.bench"
 xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 6 --dist loadgroup")
 for stage in ${stages//,/ }; do
     case $stage in
-        tests) run tests "${TESTS_S:-300}" python3 -m pytest -v -m gpu -p no:cacheprovider $xdist --durations=15 \
+        tests) run tests "${TESTS_S:-560}" python3 -m pytest -v -m gpu -p no:cacheprovider $xdist --durations=15 \
                    --ignore=tests/ops/test_configs_gpu.py tests ;;
         configs) run configs "${CONFIGS_S:-580}" python3 -m pytest -v -m gpu -p no:cacheprovider \
                      tests/ops/test_configs_gpu.py ;;
