@@ -132,8 +132,8 @@ def acc_dtype(dtype: torch.dtype):
 
 def precisions(dtype: torch.dtype, settings: Settings) -> tuple[str | None, str, bool]:
     """(DOT_PREC, INTER_PREC, SPLIT_OPERANDS) of the walk. fp32 inputs: every product as three tf32 tensor-core
-    products on split operands (``tf32x3``: the error of exact fp32 products, at tensor-core speed and build time;
-    docs/design.md, "Precision"); fp64 inputs (the interpreter's references): exact products. For 16-bit inputs the
+    products on split operands (``tf32x3``: the error of exact fp32 products, on the tensor cores and with their
+    build times; docs/design.md, "Precision"); fp64 inputs (the interpreter's references): exact products. For 16-bit inputs the
     fp32 operands (the state, the intra-chunk scores, the decayed values) meet the tensor cores rounded to the input
     dtype, except: for fp16 the inter product (λq)·S is always tf32 on fp32 operands (the state is never rounded to
     fp16: its values outgrow fp16); for bf16 the ``bf16_inter`` setting ``tf32`` does the same. The ``precision``
