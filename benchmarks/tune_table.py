@@ -139,13 +139,13 @@ def main(argv=None) -> None:
     info = machine_info("cuda")  # before the table changes the package's sources
     command = "python benchmarks/tune_table.py " + " ".join(sys.argv[1:] if argv is None else argv)
     out = pathlib.Path(args.out) if args.out else TABLE_FOLDER / f"tuned_sm{capability}.py"
-    finished = []
+    tables = []  # the table as written after each class
 
     def write(times: dict, candidates: dict) -> None:
-        finished.append(1)
         table = choose(times, candidates, args.tie)
+        tables.append(table)
         provenance = (f"Measured on {machine_line(info)}, source {info.get('source_sha256')} (git {info.get('git')}):\n"
-                      f"``{command.strip()}``; {len(table)} entries from {len(finished)} of {len(classes)} shape "
+                      f"``{command.strip()}``; {len(table)} entries from {len(tables)} of {len(classes)} shape "
                       f"classes.")
         out.write_text(render(table, provenance))
         if args.json:
@@ -153,8 +153,8 @@ def main(argv=None) -> None:
             pathlib.Path(args.json).write_text(json.dumps(
                 {"machine": info, "table": [[list(k), list(v)] for k, v in table.items()], "times": rows}, indent=1))
 
-    times, candidates = measure(classes, args.reps, args.warmup_ms, args.rep_ms, after_class=write)
-    table = choose(times, candidates, args.tie)
+    measure(classes, args.reps, args.warmup_ms, args.rep_ms, after_class=write)
+    table = tables[-1] if tables else {}
     print(f"wrote {out}: {len(table)} entries")
     pprint.pprint(table, width=200)
 

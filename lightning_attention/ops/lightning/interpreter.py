@@ -3,12 +3,12 @@
 float32, float16 and float64 run every op as on a GPU: the kernels are the same (Triton's interpreter computes a
 float32 product exactly where the GPU runs tf32 or three tf32 products; the test suite's shims compute those as the
 GPU does), and a launch the GPU would autotune takes its first candidate configuration (``run._launch_tuned``: the
-autotuner's benchmark needs a GPU driver). bfloat16 depends on the interpreter: Triton's (3.8) keeps bfloat16 values as raw 16-bit patterns and
-computes products and sums on those integers, so the chunk kernels would return garbage. The decode step converts
-its inputs to float32 as it loads them and runs. So the first bfloat16 chunk call on the interpreter runs a probe
-kernel once (a 16×16 bfloat16 product and an element-wise product): where the interpreter computes them right (a
-Triton that fixed it, or the test suite's shims in tests/interpreter/), bfloat16 runs; where not,
-:func:`check_interpreter_dtype` raises NotImplementedError instead of returning garbage.
+autotuner's benchmark needs a GPU driver). bfloat16 depends on the interpreter: Triton's (3.8) keeps bfloat16 values
+as raw 16-bit patterns and computes products and sums on those integers, so the chunk kernels would return garbage.
+The decode step converts its inputs to float32 as it loads them and runs. So the first bfloat16 chunk call on the
+interpreter runs a probe kernel once (a 16×16 bfloat16 product and an element-wise product): where the interpreter
+computes them right (a Triton that fixed it, or the test suite's shims in tests/interpreter/), bfloat16 runs; where
+not, :func:`check_interpreter_dtype` raises NotImplementedError instead of returning garbage.
 """
 
 import torch

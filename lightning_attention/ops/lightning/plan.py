@@ -133,13 +133,14 @@ def acc_dtype(dtype: torch.dtype):
 def precisions(dtype: torch.dtype, settings: Settings) -> tuple[str | None, str, bool]:
     """(DOT_PREC, INTER_PREC, SPLIT_OPERANDS) of the walk. fp32 inputs: every product as three tf32 tensor-core
     products on split operands (``tf32x3``: the error of exact fp32 products, on the tensor cores and with their
-    build times; docs/design.md, "Precision"); fp64 inputs (the interpreter's references): exact products. For 16-bit inputs the
-    fp32 operands (the state, the intra-chunk scores, the decayed values) meet the tensor cores rounded to the input
-    dtype, except: for fp16 the inter product (λq)·S is always tf32 on fp32 operands (the state is never rounded to
-    fp16: its values outgrow fp16); for bf16 the ``bf16_inter`` setting ``tf32`` does the same. The ``precision``
-    setting ``split`` carries every fp32 operand as two halves in the input dtype (``kernels/walk.split_halves``:
-    results at the rounding floor of the output, docs/kernels.md, "Split operands"); for fp16, whose range cannot hold
-    the state, q and S both go to bf16 products as halves (``bf16x3``: three products)."""
+    build times; docs/design.md, "Precision"); fp64 inputs (the interpreter's references): exact products. For
+    16-bit inputs the fp32 operands (the state, the intra-chunk scores, the decayed values) meet the tensor
+    cores rounded to the input dtype, except: for fp16 the inter product (λq)·S is always tf32 on fp32 operands
+    (the state is never rounded to fp16: its values outgrow fp16); for bf16 the ``bf16_inter`` setting ``tf32``
+    does the same. The ``precision`` setting ``split`` carries every fp32 operand as two halves in the input
+    dtype (``kernels/walk.split_halves``: results at the rounding floor of the output, docs/kernels.md, "Split
+    operands"); for fp16, whose range cannot hold the state, q and S both go to bf16 products as halves
+    (``bf16x3``: three products)."""
     if dtype == torch.float64:
         return "ieee", "ieee", False
     if dtype == torch.float32:

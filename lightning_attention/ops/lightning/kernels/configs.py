@@ -164,7 +164,8 @@ def estimate_shared_bytes(
     at K = 256 on sm_90 they ruled out every 64-wide tile).
     """
     if elem_bytes >= 4 and not inter_only:
-        return tma_walk_bytes(BT, BK, BV, num_stages, elem_bytes, state_bytes) + split_fp32_bytes(BT, BK, BV, elem_bytes)
+        descriptor_tiles = tma_walk_bytes(BT, BK, BV, num_stages, elem_bytes, state_bytes)
+        return descriptor_tiles + split_fp32_bytes(BT, BK, BV, elem_bytes)
     qk = 2 * BT * BK * elem_bytes
     if num_stages < 2:
         qk //= 2
