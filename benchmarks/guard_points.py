@@ -22,9 +22,15 @@ shares that core, the layout of its memory), far beyond the 5% a host-time point
 is therefore paired: one process imports both packages, the older one renamed (:data:`OLD_PACKAGE`, a copy that
 ``guard.py`` makes), and interleaves their loops, so that whatever slows the process slows both; the guard judges
 the median of the per-process ratios.
+
+The K = 256 forward is paired for a device-side reason: on the H200 its do_bench median settles per process at
+about 1.12 or about 1.24 ms, for either package (seven processes of each gave both values), a 10% step that three
+unpaired processes per package cannot tell from a 3% change. Its paired processes time both packages on the same
+input tensors, their do_bench rounds interleaved.
 """
 
 import dataclasses
+import statistics
 import time
 
 
@@ -51,7 +57,7 @@ PINS = {
     "host": "BT=64,BV=64,num_warps=4,num_stages=4",  # the k128 pin: the host points are K = V = 128 calls
 }
 # groups whose one process measures both packages (each run gives a value of each package and their ratio)
-PAIRED_GROUPS = frozenset({"host"})
+PAIRED_GROUPS = frozenset({"host", "k256"})
 OLD_PACKAGE = "lightning_attention_old"  # the older package's name in a paired process
 HEADS = 16
 GRID_A_TOKENS = 65536  # grid (a): batch = 65536 / T
@@ -127,6 +133,32 @@ def _host_pair(loops: int = 25, calls: int = 40) -> dict[str, dict[str, dict]]:
                 host[label].append(host_ms(fns[label], calls=calls, loops=1) * 1e3)
         for label, fn in fns.items():
             out[label][name] = {"value": min(host[label]), "device": _device_us(fn), "host": min(host[label])}
+    return out
+
+
+def _grid_pair(dim: int, seqlens, rounds: int = 6) -> dict[str, dict[str, dict]]:
+    """The grid (a) points of both packages in this process, on the same tensors: {"old" | "new": {point: ...}}.
+    Their do_bench rounds interleave (old, new, then new, old, ...), each package's value the median of its
+    ``rounds``."""
+    import importlib
+
+    from timed_calls import device_ms, host_ms, make_problem, same_inputs
+
+    old = importlib.import_module(OLD_PACKAGE)
+    out = {"old": {}, "new": {}}
+    for T in seqlens:
+        new_problem = make_problem(GRID_A_TOKENS // T, T, HEADS, dim)
+        problems = {"old": same_inputs(new_problem, old), "new": new_problem}
+        for call, method in (("fwd", "fwd"), ("fwdbwd", "fwd_bwd")):
+            fns = {label: getattr(problem, method) for label, problem in problems.items()}
+            times = {"old": [], "new": []}
+            for i in range(rounds):
+                for label in ("old", "new") if i % 2 == 0 else ("new", "old"):
+                    times[label].append(device_ms(fns[label], warmup=10, rep=100))
+            for label, fn in fns.items():
+                value = statistics.median(times[label])
+                host = host_ms(fn, calls=10, loops=5, statistic=min)
+                out[label][f"a{dim}-T{T}-{call}"] = {"value": value, "device": value, "host": host}
     return out
 
 
@@ -224,6 +256,8 @@ def measure_pair(group: str) -> dict[str, dict[str, dict]]:
     process (the older one importable as :data:`OLD_PACKAGE`)."""
     if group == "host":
         return _host_pair()
+    if group == "k256":
+        return _grid_pair(256, (4096,))
     raise ValueError(f"{group!r} is not a paired group; paired groups are {sorted(PAIRED_GROUPS)}")
 
 
@@ -239,8 +273,6 @@ def measure_group(group: str) -> dict[str, dict]:
         return out
     if group == "k64":
         return {**_grid(64, (8192,)), "tnl40m-train": _model_tokens_per_s()}
-    if group == "k256":
-        return _grid(256, (4096,))
     if group == "decode":
         return {name: value for batch in DECODE_BATCHES for name, value in _decode(batch).items()}
     raise ValueError(f"unknown group {group!r}; groups are {sorted(PINS)}")

@@ -43,11 +43,17 @@ class Problem:
 def make_problem(B: int, T: int, H: int = 16, D: int = 128, dtype=torch.bfloat16, seed: int = 0, package=la) -> Problem:
     """``fwd``: ``package.lightning_attn(q, k, v, slope)`` under no_grad; ``fwd_bwd``: forward + ``autograd.grad``
     w.r.t. q, k, v (no ``.grad`` accumulates, so repeated calls need no clearing). ``package``: this package, or
-    another version of it imported under another name (the guard's paired host points)."""
+    another version of it imported under another name (the guard's paired points)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     slope = package.tnl_slopes(H, 0, 12).cuda()
     q, k, v, do = (torch.randn(B, T, H, D, device="cuda", dtype=dtype, generator=gen) for _ in range(4))
     q, k, v = (x.requires_grad_() for x in (q, k, v))
+    return same_inputs(Problem(q, k, v, do, slope, fwd=None, fwd_bwd=None), package)
+
+
+def same_inputs(problem: Problem, package) -> Problem:
+    """``problem``'s tensors with ``package``'s calls: two versions of the package timed on the same memory."""
+    q, k, v, do, slope = problem.q, problem.k, problem.v, problem.do, problem.slope
 
     def fwd():
         with torch.no_grad():

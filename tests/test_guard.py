@@ -168,26 +168,28 @@ def test_dry_run_prints_the_planned_processes(guard, tmp_path, capsys, monkeypat
     assert guard.main(["run", "--old", str(old), "--new", str(new), "--reps", "3", "--out", str(tmp_path / "g"),
                        "--dry-run"]) == 0  # fmt: skip
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("guard: 27 processes (3 repetitions x (4 groups x 2 packages + 1 paired)); about ")
+    assert lines[0].startswith("guard: 24 processes (3 repetitions x (3 groups x 2 packages + 2 paired)); about ")
     commands = lines[1:]
-    assert len(commands) == 27 and not (tmp_path / "g").exists()
+    assert len(commands) == 24 and not (tmp_path / "g").exists()
     pin = "LIGHTNING_ATTENTION_KERNEL_CONFIG=BT=64,BV=64,num_warps=4,num_stages=4"
     assert commands[0].startswith(f"PYTHONPATH={old}:/baseline/site {pin} ")
     assert commands[1].startswith(f"PYTHONPATH={new}:/baseline/site {pin} ")
     assert " -P " in commands[0] and "guard.py measure --group k128 --label old --rep 1" in commands[0]
     assert f"--expect-root {old} --out {tmp_path / 'g' / 'raw' / 'old-k128-rep1.json'}" in commands[0]
-    order = [(c.split("--group ")[1].split()[0], c.split("--label ")[1].split()[0]) for c in commands[:9]]
-    assert order == [(g, label) for g in ("k128", "k64", "k256", "decode") for label in ("old", "new")] + [
-        ("host", "pair")
+    order = [(c.split("--group ")[1].split()[0], c.split("--label ")[1].split()[0]) for c in commands[:8]]
+    assert order == [(g, label) for g in ("k128", "k64") for label in ("old", "new")] + [("k256", "pair")] + [
+        ("decode", "old"), ("decode", "new"), ("host", "pair")
     ]
-    assert "KERNEL_CONFIG" not in commands[6] and "--rep 3" in commands[-1]
-    # the paired process: the new package first, the renamed copy of the old one beside it, the k128 pin
+    assert "KERNEL_CONFIG" not in commands[5] and "--rep 3" in commands[-1]
+    # the paired processes: the new package first, the renamed copy of the old one beside it, the group's pin
     renamed = tmp_path / "g" / "renamed"
-    assert commands[8].startswith(f"PYTHONPATH={new}:{renamed}:/baseline/site {pin} ")
+    assert commands[7].startswith(f"PYTHONPATH={new}:{renamed}:/baseline/site {pin} ")
     assert (
         f"--expect-root {new} --expect-old-root {renamed} --out {tmp_path / 'g' / 'raw' / 'pair-host-rep1.json'}"
-        in (commands[8])
+        in (commands[7])
     )
+    k256_pin = "LIGHTNING_ATTENTION_KERNEL_CONFIG=BT=64,BV=32,num_warps=4,num_stages=3"
+    assert commands[4].startswith(f"PYTHONPATH={new}:{renamed}:/baseline/site {k256_pin} ")
     assert not any("SEGMENT_LEN" in c for c in commands)
 
 
@@ -210,8 +212,9 @@ def test_run_with_fake_processes(guard, tmp_path, monkeypatch):
     monkeypatch.setattr(guard.subprocess, "run", fake_run)
     out = tmp_path / "g"
     assert guard.main(["run", "--old", str(old), "--new", str(new), "--out", str(out), "--new-commit", "abc"]) == 0
-    assert len(calls) == 27 and calls[0] == ("k128", "old", "BT=64,BV=64,num_warps=4,num_stages=4")
-    assert calls[8] == ("host", "pair", "BT=64,BV=64,num_warps=4,num_stages=4")
+    assert len(calls) == 24 and calls[0] == ("k128", "old", "BT=64,BV=64,num_warps=4,num_stages=4")
+    assert calls[4] == ("k256", "pair", "BT=64,BV=32,num_warps=4,num_stages=3")
+    assert calls[7] == ("host", "pair", "BT=64,BV=64,num_warps=4,num_stages=4")
     assert (out / "renamed" / "lightning_attention_old" / "__init__.py").is_file()
     summary = json.loads((out / "guard.json").read_text())
     assert summary["verdict"] == "PASS" and summary["packages"]["new"]["commit"] == "abc"
@@ -222,7 +225,7 @@ def test_run_with_fake_processes(guard, tmp_path, monkeypatch):
     monkeypatch.setattr(guard.time, "perf_counter", lambda: next(clock))
     assert guard.main(["run", "--old", str(old), "--new", str(new), "--out", str(tmp_path / "b"), "--budget-s",
                        "200"]) == 1  # fmt: skip
-    assert 0 < len(calls) < 27
+    assert 0 < len(calls) < 24
     summary = json.loads((tmp_path / "b" / "guard.json").read_text())
     assert summary["verdict"] == "INCOMPLETE" and summary["stopped"].startswith("budget:")
 
@@ -240,15 +243,17 @@ def test_measured_points_are_the_declared_ones(guard, monkeypatch):
     monkeypatch.setattr(timed_calls, "host_ms", lambda fn, **kw: 0.1)
     monkeypatch.setattr(timed_calls, "graph_ms", lambda fn, **kw: 0.5)
     monkeypatch.setattr(guard_points, "_model_tokens_per_s", lambda: {"value": 1.0, "device": None, "host": None})
-    for group in ("k128", "k64", "k256"):
+    for group in ("k128", "k64"):
         got = guard_points.measure_group(group)
         assert sorted(got) == sorted(p.name for p in guard.POINTS if p.group == group)
-    # the paired group: both packages, the older one under its other name
+    # the paired groups: both packages, the older one under its other name
     monkeypatch.setitem(sys.modules, guard.OLD_PACKAGE, types.ModuleType(guard.OLD_PACKAGE))
-    pair = guard_points.measure_pair("host")
-    host = sorted(p.name for p in guard.POINTS if p.group == "host")
-    assert sorted(pair) == ["new", "old"] and sorted(pair["old"]) == sorted(pair["new"]) == host
-    assert pair["old"]["host-T1024-fwd"] == {"value": 100.0, "device": 500.0, "host": 100.0}
+    for group in ("host", "k256"):
+        pair = guard_points.measure_pair(group)
+        names = sorted(p.name for p in guard.POINTS if p.group == group)
+        assert sorted(pair) == ["new", "old"] and sorted(pair["old"]) == sorted(pair["new"]) == names
+    assert guard_points.measure_pair("host")["old"]["host-T1024-fwd"] == {"value": 100.0, "device": 500.0, "host": 100.0}
+    assert pair["old"]["a256-T4096-fwd"] == {"value": 1.0, "device": 1.0, "host": 0.1}
     with pytest.raises(ValueError, match="not a paired group"):
         guard_points.measure_pair("k128")
     decode = [p.name for p in guard.POINTS if p.group == "decode"]
