@@ -17,10 +17,11 @@ decode step at batch 1 and 64, and the TNL 40m training step's tokens/s (host-bo
 minimum within a process: ``guard_points.py`` says why). The Triton cache on disk is shared, so only the first
 processes compile.
 
-The host-time points form a paired group (``host``): each of its processes imports both packages and interleaves
-their loops, the older one imported as ``lightning_attention_old`` from a copy under ``DIR/renamed/`` in which that
-name replaces ``lightning_attention`` (its modules, imports and op namespace). A process that runs slow then slows
-both packages alike, and the point's ratio is the median of the per-process ratios (``guard_points.py`` says why).
+The host-time points and the K = 256 points form paired groups (``host``, ``k256``): each of their processes imports
+both packages and interleaves their loops, the older one imported as ``lightning_attention_old`` from a copy under
+``DIR/renamed/`` in which that name replaces ``lightning_attention`` (its modules, imports and op namespace). A
+process that runs slow then slows both packages alike, and the point's ratio is the median of the per-process ratios
+(``guard_points.py`` says why).
 
 The rule (``report``, also run after every repetition): a point is launch-bound when, in either package, its host
 time per call is above its device time; a launch-bound point passes when the new median is within 5% or 0.5 µs of

@@ -23,10 +23,10 @@ is therefore paired: one process imports both packages, the older one renamed (:
 ``guard.py`` makes), and interleaves their loops, so that whatever slows the process slows both; the guard judges
 the median of the per-process ratios.
 
-The K = 256 forward is paired for a device-side reason: on the H200 its do_bench median settles per process at
-about 1.12 or about 1.24 ms, for either package (seven processes of each gave both values), a 10% step that three
-unpaired processes per package cannot tell from a 3% change. Its paired processes time both packages on the same
-input tensors, their do_bench rounds interleaved.
+The K = 256 forward is paired for a device-side reason: on the H200 its do_bench median settles per process anywhere
+from 1.12 to 1.27 ms, mostly near either end, for either package (seven processes of each gave both ends), a 10%
+step that a few unpaired processes per package cannot tell from a 3% change. Its paired processes time both packages
+on the same input tensors, their do_bench rounds interleaved.
 """
 
 import dataclasses

@@ -178,7 +178,9 @@ def test_dry_run_prints_the_planned_processes(guard, tmp_path, capsys, monkeypat
     assert f"--expect-root {old} --out {tmp_path / 'g' / 'raw' / 'old-k128-rep1.json'}" in commands[0]
     order = [(c.split("--group ")[1].split()[0], c.split("--label ")[1].split()[0]) for c in commands[:8]]
     assert order == [(g, label) for g in ("k128", "k64") for label in ("old", "new")] + [("k256", "pair")] + [
-        ("decode", "old"), ("decode", "new"), ("host", "pair")
+        ("decode", "old"),
+        ("decode", "new"),
+        ("host", "pair"),
     ]
     assert "KERNEL_CONFIG" not in commands[5] and "--rep 3" in commands[-1]
     # the paired processes: the new package first, the renamed copy of the old one beside it, the group's pin
@@ -252,7 +254,11 @@ def test_measured_points_are_the_declared_ones(guard, monkeypatch):
         pair = guard_points.measure_pair(group)
         names = sorted(p.name for p in guard.POINTS if p.group == group)
         assert sorted(pair) == ["new", "old"] and sorted(pair["old"]) == sorted(pair["new"]) == names
-    assert guard_points.measure_pair("host")["old"]["host-T1024-fwd"] == {"value": 100.0, "device": 500.0, "host": 100.0}
+    assert guard_points.measure_pair("host")["old"]["host-T1024-fwd"] == {
+        "value": 100.0,
+        "device": 500.0,
+        "host": 100.0,
+    }
     assert pair["old"]["a256-T4096-fwd"] == {"value": 1.0, "device": 1.0, "host": 0.1}
     with pytest.raises(ValueError, match="not a paired group"):
         guard_points.measure_pair("k128")
