@@ -137,9 +137,9 @@ def _host_pair(loops: int = 25, calls: int = 40) -> dict[str, dict[str, dict]]:
 
 
 def _grid_pair(dim: int, seqlens, rounds: int = 6) -> dict[str, dict[str, dict]]:
-    """The grid (a) points of both packages in this process, on the same tensors: {"old" | "new": {point: ...}}.
-    Their do_bench rounds interleave (old, new, then new, old, ...), each package's value the median of its
-    ``rounds``."""
+    """The grid (a) points of both packages in this process, on the same tensors (q, k, v, do ``[65536 / T, T, 16,
+    dim]`` bf16): {"old" | "new": {point: ...}}. Their do_bench rounds interleave (old, new, then new, old, ...), each
+    package's value the median of its ``rounds``."""
     import importlib
 
     from timed_calls import device_ms, host_ms, make_problem, same_inputs
