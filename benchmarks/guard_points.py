@@ -113,6 +113,16 @@ def _device_us(fn) -> float:
     return (device_ms(fn, warmup=10, rep=60) if device is None else device) * 1e3
 
 
+def _interleaved(fns: dict, rounds: int, time_one) -> dict[str, list[float]]:
+    """{"old" | "new": ``time_one(fns[label])`` of each of ``rounds`` rounds}, taken in the order old, new, then new,
+    old, ...: whatever drifts in the process reaches both packages alike."""
+    times = {"old": [], "new": []}
+    for i in range(rounds):
+        for label in ("old", "new") if i % 2 == 0 else ("new", "old"):
+            times[label].append(time_one(fns[label]))
+    return times
+
+
 def _host_pair(loops: int = 25, calls: int = 40) -> dict[str, dict[str, dict]]:
     """The host points of both packages in this process: {"old" | "new": {point: {"value", "device", "host"}}}.
     Their loops interleave (old, new, then new, old, ...), each package's host time the minimum of its ``loops``."""
@@ -127,10 +137,7 @@ def _host_pair(loops: int = 25, calls: int = 40) -> dict[str, dict[str, dict]]:
     out = {"old": {}, "new": {}}
     for name, call in (("host-T1024-fwd", "fwd"), ("host-T1024-fwdbwd", "fwd_bwd")):
         fns = {label: getattr(problem, call) for label, problem in problems.items()}
-        host = {"old": [], "new": []}
-        for i in range(loops):
-            for label in ("old", "new") if i % 2 == 0 else ("new", "old"):
-                host[label].append(host_ms(fns[label], calls=calls, loops=1) * 1e3)
+        host = _interleaved(fns, loops, lambda fn: host_ms(fn, calls=calls, loops=1) * 1e3)
         for label, fn in fns.items():
             out[label][name] = {"value": min(host[label]), "device": _device_us(fn), "host": min(host[label])}
     return out
@@ -151,10 +158,7 @@ def _grid_pair(dim: int, seqlens, rounds: int = 6) -> dict[str, dict[str, dict]]
         problems = {"old": same_inputs(new_problem, old), "new": new_problem}
         for call, method in (("fwd", "fwd"), ("fwdbwd", "fwd_bwd")):
             fns = {label: getattr(problem, method) for label, problem in problems.items()}
-            times = {"old": [], "new": []}
-            for i in range(rounds):
-                for label in ("old", "new") if i % 2 == 0 else ("new", "old"):
-                    times[label].append(device_ms(fns[label], warmup=10, rep=100))
+            times = _interleaved(fns, rounds, lambda fn: device_ms(fn, warmup=10, rep=100))
             for label, fn in fns.items():
                 value = statistics.median(times[label])
                 host = host_ms(fn, calls=10, loops=5, statistic=min)
