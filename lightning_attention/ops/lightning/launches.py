@@ -256,8 +256,7 @@ def dkdv_launch(b, p, q, k, v, do, dk, dv, *, slope, dht, dh0, g_states, plan, T
     candidates = dkdv_candidates(
         DK, DV, q.element_size(), state_operand_bytes(inter_prec), p.device.shared_per_block, fixed_bt, pin(p)
     )
-    fields = dkdv_walk.AUTOTUNE_KEY if not fixed_bt else [*dkdv_walk.AUTOTUNE_KEY, "BT"]
-    key = tuned.table_key("dkdv", _dtype_name(q), constexprs, fields)
+    key = tuned.table_key("dkdv", _dtype_name(q), constexprs, dkdv_walk.autotune_key(candidates))
     _launch_tuned(b, p, "dkdv", _DKDV, candidates, H * plan.total, padded_dim(DV), args, constexprs, q, key)
 
 

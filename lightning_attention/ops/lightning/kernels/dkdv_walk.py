@@ -158,9 +158,13 @@ AUTOTUNE_KEY = ["DK", "DV", "VARLEN", "HAS_DECAY", "SEG_IN", "USE_H0", "INTER_ON
 dkdv_kernel = _dkdv_walk_kernel
 
 
+def autotune_key(configs) -> list[str]:
+    """The autotuning key over ``configs`` (the plan's candidates, ``configs.dkdv_candidates``): where they leave BT
+    to the caller (the inter-only mode fixes it), BT joins the key."""
+    return AUTOTUNE_KEY if "BT" in configs[0].kwargs else [*AUTOTUNE_KEY, "BT"]
+
+
 @functools.lru_cache(maxsize=None)
 def tuned_dkdv_kernel(configs: tuple[triton.Config, ...]):
-    """The fused dk/dv walk autotuned over ``configs`` (the plan's candidates, ``configs.dkdv_candidates``); where
-    they leave BT to the caller (the inter-only mode fixes it), BT joins the key."""
-    key = AUTOTUNE_KEY if "BT" in configs[0].kwargs else [*AUTOTUNE_KEY, "BT"]
-    return triton.autotune(configs=list(configs), key=key, **AUTOTUNE_CACHE)(_dkdv_walk_kernel)
+    """The fused dk/dv walk autotuned over ``configs`` on :func:`autotune_key`."""
+    return triton.autotune(configs=list(configs), key=autotune_key(configs), **AUTOTUNE_CACHE)(_dkdv_walk_kernel)
