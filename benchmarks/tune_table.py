@@ -24,6 +24,7 @@ import pathlib
 import pprint
 import statistics
 import sys
+import textwrap
 
 import torch
 
@@ -71,13 +72,16 @@ def render(table: dict, provenance: str) -> str:
     """The source of a ``tuned_sm<NN>.py`` module holding ``table`` (sorted, one entry a line)."""
     from lightning_attention.ops.lightning.kernels import dkdv_walk, walk
 
+    comment = textwrap.fill(
+        f"key: (kind, dtype, INTER_PREC, *the kernel's autotuning key): walk {tuple(walk.AUTOTUNE_KEY)}, dk/dv walk "
+        f"{tuple(dkdv_walk.AUTOTUNE_KEY)}; value: (BT, BV, num_warps, num_stages)",
+        width=118, initial_indent="# ", subsequent_indent="# ", break_long_words=False)  # fmt: skip
     entries = "".join(f"    {key!r}: {value!r},\n" for key, value in sorted(table.items(), key=repr))
     return (
         f'"""Launch configurations measured on this architecture (read through\n'
-        f":mod:`lightning_attention.ops.lightning.kernels.tuned`).\n\n{provenance}\n"
+        f":mod:`lightning_attention.ops.lightning.kernels.tuned`).\n\n{textwrap.fill(provenance, 120)}\n"
         f'"""\n\n'
-        f"# key: (kind, dtype, INTER_PREC, *the kernel's autotuning key): walk {tuple(walk.AUTOTUNE_KEY)}, dk/dv walk\n"
-        f"# {tuple(dkdv_walk.AUTOTUNE_KEY)}; value: (BT, BV, num_warps, num_stages)\n"
+        f"{comment}\n"
         f"CONFIGS: dict[tuple, tuple[int, int, int, int]] = {{\n{entries}}}\n"
     )
 

@@ -37,9 +37,10 @@ def _walks(program) -> list[tuple[str, tuple | None]]:
     rows = []
     for launch in program.launches:
         c = launch.constexprs
-        shape = (c["BT"], c["BV"], c["num_warps"], c["num_stages"]) if "num_warps" in c else None
-        rows.append((launch.launcher.name, shape))
-    return [row for row in rows if "walk" in row[0]]
+        if "walk" in launch.launcher.name:
+            shape = (c["BT"], c["BV"], c["num_warps"], c["num_stages"]) if "num_warps" in c else None
+            rows.append((launch.launcher.name, shape))
+    return rows
 
 
 def _autotuned(p) -> dict:
@@ -50,11 +51,12 @@ def _autotuned(p) -> dict:
 
 def test_an_entry_replaces_autotuning_for_its_shape_class_only():
     p = problem(B=8, T=8192)
-    keys = _autotuned(p)
-    assert len(keys) == 1 and all(len(options) == configs.MAX_TUNED for options in keys.values())
-    (key, options), = keys.items()
-    assert key[:3] == ("walk", "bfloat16", "input") and len(key) == 3 + len(walk.AUTOTUNE_KEY)
-    assert [name for name, _ in _walks(run.forward_program(p))] == ["lightning_attn walk (tuned)"]
+    with tuned.override({}):
+        keys = _autotuned(p)
+        assert len(keys) == 1 and all(len(options) == configs.MAX_TUNED for options in keys.values())
+        (key, options), = keys.items()
+        assert key[:3] == ("walk", "bfloat16", "input") and len(key) == 3 + len(walk.AUTOTUNE_KEY)
+        assert [name for name, _ in _walks(run.forward_program(p))] == ["lightning_attn walk (tuned)"]
 
     second = options[1]
     with tuned.override({key: second}):
@@ -62,6 +64,19 @@ def test_an_entry_replaces_autotuning_for_its_shape_class_only():
         assert _walks(run.forward_program(p)) == [("lightning_attn walk", second)]
         other = problem(B=8, T=8192, K=64, V=64)  # another class: autotuned as before
         assert {name for name, _ in _walks(run.forward_program(other))} <= TUNED_NAMES
+
+
+def test_the_shipped_sm90_table_fixes_the_benchmark_classes():
+    """On sm_90 the grid (a) classes at K = 64 and 128 (forward and backward walks) take the shipped entry, plain:
+    no autotuning on their first call."""
+    for K in (64, 128):
+        for B, T in ((64, 1024), (8, 8192), (1, 65536)):
+            fwd, bwd = problem(B=B, T=T, K=K, V=K), problem(B=B, T=T, K=K, V=K, backward=True)
+            keys = {**_autotuned(fwd), **_backward_keys(bwd)}
+            assert keys and all(key in tuned.TABLES[90] for key in keys), (K, B, T)
+            entries = {tuned.TABLES[90][key] for key in keys}
+            walks = _walks(run.forward_program(fwd)) + _walks(run.backward_program(bwd))
+            assert walks and all(name == "lightning_attn walk" and shape in entries for name, shape in walks), walks
 
 
 def test_an_entry_the_selector_does_not_offer_is_ignored():

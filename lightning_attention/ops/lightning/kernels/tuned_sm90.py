@@ -1,6 +1,45 @@
 """Launch configurations measured on sm_90 (read through :mod:`lightning_attention.ops.lightning.kernels.tuned`).
 
-Written by ``benchmarks/tune_table.py``; empty until a run on an sm_90 GPU fills it: every launch autotunes.
+Measured on NVIDIA H200 | driver 580.159.04 | CUDA 13.0 | torch 2.11.0+cu130 | triton 3.6.0, the package of
+655545b (source 5d2a6beaed41fd09): ``python benchmarks/tune_table.py``, 32 entries from 38 of 38 shape classes; every
+timing in benchmarks/results/h200/tune/tune_table.json. The K = 256 classes have no autotuned launch (the
+two-warpgroup walk).
 """
 
-CONFIGS: dict[tuple, tuple[int, int, int, int]] = {}
+# key: (kind, dtype, INTER_PREC, *the kernel's autotuning key): walk ('DK', 'DV', 'VARLEN', 'REVERSE', 'HAS_DECAY',
+# 'STATE_ONLY', 'SEG_IN', 'USE_H0', 'INTER_ONLY', 'USE_TMA', 'WAVES', 'SPLIT_OPERANDS'), dk/dv walk ('DK', 'DV',
+# 'VARLEN', 'HAS_DECAY', 'SEG_IN', 'USE_H0', 'INTER_ONLY'); value: (BT, BV, num_warps, num_stages)
+CONFIGS: dict[tuple, tuple[int, int, int, int]] = {
+    ('walk', 'bfloat16', 'input', 128, 128, 0, False, True, False, False, False, False, True, 1, False): (64, 64, 4, 4),
+    ('walk', 'bfloat16', 'input', 128, 128, 0, False, True, False, False, False, False, True, 2, False): (64, 64, 4, 4),
+    ('walk', 'bfloat16', 'input', 128, 128, 0, False, True, False, True, False, False, True, 1, False): (64, 64, 4, 4),
+    ('walk', 'bfloat16', 'input', 128, 128, 0, False, True, True, False, False, False, True, 2, False): (64, 128, 8, 3),
+    ('walk', 'bfloat16', 'input', 128, 128, 0, True, True, False, False, False, False, True, 1, False): (64, 64, 4, 4),
+    ('walk', 'bfloat16', 'input', 128, 128, 0, True, True, False, False, False, False, True, 2, False): (64, 64, 4, 4),
+    ('walk', 'bfloat16', 'input', 128, 128, 0, True, True, False, True, False, False, True, 1, False): (64, 64, 4, 4),
+    ('walk', 'bfloat16', 'input', 128, 128, 0, True, True, True, False, False, False, True, 2, False): (64, 128, 8, 3),
+    ('walk', 'bfloat16', 'input', 64, 64, 0, False, True, False, False, False, False, True, 1, False): (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'input', 64, 64, 0, False, True, False, False, False, False, True, 2, False): (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'input', 64, 64, 0, False, True, False, True, False, False, True, 2, False): (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'input', 64, 64, 0, False, True, True, False, False, False, True, 2, False): (64, 64, 8, 3),
+    ('walk', 'bfloat16', 'input', 64, 64, 0, True, True, False, False, False, False, True, 1, False): (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'input', 64, 64, 0, True, True, False, False, False, False, True, 2, False): (64, 64, 4, 2),
+    ('walk', 'bfloat16', 'input', 64, 64, 0, True, True, False, True, False, False, True, 2, False): (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'input', 64, 64, 0, True, True, True, False, False, False, True, 2, False): (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'split', 128, 128, 0, False, True, False, False, False, False, True, 1, True): (64, 64, 4, 4),
+    ('walk', 'bfloat16', 'split', 128, 128, 0, False, True, False, False, False, False, True, 2, True): (64, 64, 4, 4),
+    ('walk', 'bfloat16', 'split', 128, 128, 0, False, True, False, True, False, False, True, 1, True): (64, 64, 4, 4),
+    ('walk', 'bfloat16', 'split', 128, 128, 0, False, True, True, False, False, False, True, 2, True): (64, 128, 8, 3),
+    ('walk', 'bfloat16', 'split', 128, 128, 0, True, True, False, False, False, False, True, 1, True): (64, 64, 4, 4),
+    ('walk', 'bfloat16', 'split', 128, 128, 0, True, True, False, False, False, False, True, 2, True): (64, 64, 4, 4),
+    ('walk', 'bfloat16', 'split', 128, 128, 0, True, True, False, True, False, False, True, 1, True): (64, 64, 4, 4),
+    ('walk', 'bfloat16', 'split', 128, 128, 0, True, True, True, False, False, False, True, 2, True): (64, 128, 8, 3),
+    ('walk', 'float16', 'tf32', 128, 128, 0, False, True, False, False, False, False, True, 1, False): (64, 64, 4, 4),
+    ('walk', 'float16', 'tf32', 128, 128, 0, False, True, False, False, False, False, True, 2, False): (64, 64, 4, 4),
+    ('walk', 'float16', 'tf32', 128, 128, 0, False, True, False, True, False, False, True, 1, False): (64, 64, 4, 3),
+    ('walk', 'float16', 'tf32', 128, 128, 0, False, True, True, False, False, False, True, 2, False): (64, 128, 8, 3),
+    ('walk', 'float16', 'tf32', 128, 128, 0, True, True, False, False, False, False, True, 1, False): (64, 64, 4, 4),
+    ('walk', 'float16', 'tf32', 128, 128, 0, True, True, False, False, False, False, True, 2, False): (64, 64, 4, 4),
+    ('walk', 'float16', 'tf32', 128, 128, 0, True, True, False, True, False, False, True, 1, False): (64, 64, 4, 4),
+    ('walk', 'float16', 'tf32', 128, 128, 0, True, True, True, False, False, False, True, 2, False): (64, 128, 8, 3),
+}
