@@ -15,8 +15,15 @@ import argparse
 import json
 
 import torch
-from timed_calls import add_settings_option, device_ms, make_problem, parse_shape, settings_changes, write_json
-from torch.profiler import ProfilerActivity, profile
+from timed_calls import (
+    add_settings_option,
+    device_ms,
+    make_problem,
+    parse_shape,
+    profiled_kernels,
+    settings_changes,
+    write_json,
+)
 
 from lightning_attention import settings
 from lightning_attention.ops.lightning import plan, run
@@ -75,16 +82,7 @@ def describe(row: dict) -> str:
 
 def kernel_times(fn, iters: int) -> list[dict]:
     """The CUDA kernels of the last of ``iters`` profiled calls of ``fn``, in launch order, with their µs."""
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-    kernels = sorted(
-        (e for e in prof.events() if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA),
-        key=lambda e: e.time_range.start,
-    )
-    per_call = len(kernels) // iters
-    return [{"kernel": e.name[:80], "us": e.time_range.elapsed_us()} for e in kernels[len(kernels) - per_call :]]
+    return profiled_kernels(fn, iters)[-1]
 
 
 def profile_shape(B: int, T: int, H: int, D: int, iters: int) -> dict:

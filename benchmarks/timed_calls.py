@@ -1,4 +1,4 @@
-"""The calls the timing scripts in this folder time, and the three ways they time them.
+"""The calls the timing scripts in this folder time, and the four ways they time them.
 
 A problem (:func:`make_problem`): q, k, v ``[B, T, H, D]`` (bf16 unless asked otherwise) that require grad, an
 upstream gradient ``do``, TNL slopes (layer 0 of 12), and two calls: the forward under ``no_grad`` and the forward +
@@ -9,6 +9,8 @@ upstream gradient ``do``, TNL slopes (layer 0 of 12), and two calls: the forward
 - :func:`host_ms`: the host time to *enqueue* one call (a loop of calls without synchronisation, divided by their
   number, after warm-up; median of a few loops). Above the device time, the GPU waits for the host.
 - :func:`graph_ms`: the call captured in a CUDA graph and replayed (device time without host time).
+- :func:`kernel_ms`: the CUDA time of the call's kernels added up (torch.profiler): device time without host time,
+  for calls that cannot be captured as well.
 
 Only the public API and PyTorch / Triton: ``benchmarks/guard.py`` times two versions of the package with this same
 code. Scripts import it as ``from timed_calls import ...`` (``python benchmarks/<script>.py`` puts this folder first
@@ -69,6 +71,32 @@ def same_inputs(problem: Problem, package) -> Problem:
 def device_ms(fn: Callable[[], object], warmup: int = 25, rep: int = 100) -> float:
     """Median ms of ``fn()`` over ``rep`` ms of repetitions after ``warmup`` ms (``triton.testing.do_bench``)."""
     return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def profiled_kernels(fn: Callable[[], object], calls: int) -> list[list[dict]]:
+    """The CUDA kernels of each of ``calls`` calls of ``fn`` (torch.profiler), in launch order: per call a list of
+    ``{"kernel": name, "us": its CUDA time}``. Every call must launch the same number of kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    kernels = sorted(
+        (e for e in prof.events() if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA),
+        key=lambda e: e.time_range.start,
+    )
+    per_call = len(kernels) // calls
+    rows = [{"kernel": e.name[:80], "us": e.time_range.elapsed_us()} for e in kernels]
+    return [rows[i * per_call : (i + 1) * per_call] for i in range(calls)]
+
+
+def kernel_ms(fn: Callable[[], object], calls: int = 20) -> float:
+    """Median over ``calls`` calls of ``fn`` (after one warm-up call) of the CUDA time of its kernels, added up: the
+    device's own time, which no wait on the host enters (``device_ms`` of a call that waits on the host measures the
+    host)."""
+    fn()
+    return statistics.median(sum(k["us"] for k in call) / 1e3 for call in profiled_kernels(fn, calls))
 
 
 def host_ms(fn: Callable[[], object], calls: int = 50, loops: int = 3, statistic=statistics.median) -> float:

@@ -5,7 +5,10 @@ For each shape class (bf16 grid (a) at K = V = 64, 128 and 256, batch 1 at 128K 
 precision at K = 128; ``--classes`` for others) the script plans and runs one fwd+bwd (compiling every candidate),
 then, for each autotuned launch of the call (its key: ``kernels/tuned.table_key``), pins each candidate in turn
 through a table of one entry (the call's other launches keep the autotuner's choice, made once per process) and
-times the whole fwd+bwd (``triton.testing.do_bench`` median), ``--reps`` rounds with the candidates interleaved.
+times the whole fwd+bwd by its kernels' CUDA time added up (``timed_calls.kernel_ms``, the median of ``--calls``
+calls), ``--reps`` rounds with the candidates interleaved. Kernel time, not the wall time of plain calls: a K = 64
+fwd+bwd takes about as long to enqueue on the host as its kernels take on the GPU, so wall times follow the host's
+noise and chose a slower walk (docs/kernels.md, "The tuned table").
 A key's times add up over the classes that launch it. The winner is the fastest candidate, unless the selector's
 first candidate is within ``--tie`` of it: then the first, so that a choice the timings cannot tell apart follows the
 selector's rule instead of the noise. Every candidate is one the GPU suite value-checks against float64
@@ -86,10 +89,10 @@ def render(table: dict, provenance: str) -> str:
     )
 
 
-def measure(classes, reps: int, warmup_ms: int, rep_ms: int, log=print, after_class=None) -> tuple[dict, dict]:
+def measure(classes, reps: int, calls: int, log=print, after_class=None) -> tuple[dict, dict]:
     """(times, candidates) over ``classes`` on this GPU (see :func:`choose`); ``after_class(times, candidates)`` is
     called as each class finishes."""
-    from timed_calls import device_ms, make_problem
+    from timed_calls import kernel_ms, make_problem
 
     from lightning_attention import settings
     from lightning_attention.ops.lightning import launches, run
@@ -110,7 +113,7 @@ def measure(classes, reps: int, warmup_ms: int, rep_ms: int, log=print, after_cl
                 for option in options:
                     with settings.override(precision=precision), tuned.override({key: option}):
                         run.clear_programs()
-                        ms = device_ms(problem.fwd_bwd, warmup=warmup_ms, rep=rep_ms)
+                        ms = kernel_ms(problem.fwd_bwd, calls=calls)
                     times.setdefault(key, {}).setdefault(option, []).append(ms)
             medians = {o: statistics.median(times[key][o][-reps:]) for o in options}
             log(f"  {key}: " + ", ".join(f"{o} {ms:.3f} ms" for o, ms in medians.items()))
@@ -128,8 +131,7 @@ def main(argv=None) -> None:
     parser.add_argument("--classes", default=None, help="comma-separated DTYPE:BxTxD[:PRECISION] (default: the grids)")
     parser.add_argument("--reps", type=int, default=3, help="rounds of each candidate per class")
     parser.add_argument("--tie", type=float, default=0.01, help="keep the first candidate within this fraction")
-    parser.add_argument("--warmup-ms", type=int, default=25)
-    parser.add_argument("--rep-ms", type=int, default=100)
+    parser.add_argument("--calls", type=int, default=10, help="profiled calls per timing (their median)")
     parser.add_argument("--out", default=None, help="the module to write (default: kernels/tuned_sm<NN>.py)")
     parser.add_argument("--json", default=None, help="also write every timing here")
     args = parser.parse_args(argv)
@@ -157,7 +159,7 @@ def main(argv=None) -> None:
             pathlib.Path(args.json).write_text(json.dumps(
                 {"machine": info, "table": [[list(k), list(v)] for k, v in table.items()], "times": rows}, indent=1))
 
-    measure(classes, args.reps, args.warmup_ms, args.rep_ms, after_class=write)
+    measure(classes, args.reps, args.calls, after_class=write)
     table = tables[-1] if tables else {}
     print(f"wrote {out}: {len(table)} entries")
     pprint.pprint(table, width=200)

@@ -135,3 +135,15 @@ def test_cold_start_counts_the_kernels_triton_cached(tmp_path, scripts):
     order = cold_start.cells(["bfloat16", "float32"], [64, 256], ["forward", "fwd+bwd"])
     assert order[:2] == [("float32", 256, "fwd+bwd"), ("float32", 64, "fwd+bwd")]
     assert order[-1] == ("bfloat16", 64, "forward") and len(order) == 8
+
+
+def test_kernel_ms_adds_up_each_calls_kernels_and_takes_the_median(scripts, monkeypatch):
+    import timed_calls
+
+    calls = []
+    per_call = [[{"kernel": "a", "us": 100.0}, {"kernel": "b", "us": 200.0}],  # 0.3 ms
+                [{"kernel": "a", "us": 100.0}, {"kernel": "b", "us": 900.0}],  # 1.0 ms: an outlier
+                [{"kernel": "a", "us": 150.0}, {"kernel": "b", "us": 250.0}]]  # 0.4 ms  # fmt: skip
+    monkeypatch.setattr(timed_calls, "profiled_kernels", lambda fn, n: per_call[:n])
+    assert timed_calls.kernel_ms(lambda: calls.append(1), calls=3) == pytest.approx(0.4)
+    assert calls == [1]  # the warm-up call; the profiled ones run inside profiled_kernels

@@ -184,16 +184,16 @@ def test_measure_pins_each_candidate_and_finds_the_fastest(tune_table, monkeypat
         def fwd_bwd(self):
             run.forward_program(self.p)
 
-    def fake_ms(fn, warmup, rep):
+    def fake_ms(fn, calls):
         fn()
         table = tuned._override or {}
         ran = launches.autotuned_launches()
         return sum(0.9 if table.get(key) == options[1] else 1.0 for key, options in ran.items())
 
     monkeypatch.setattr(timed_calls, "make_problem", lambda B, T, D, dtype: FakeProblem(B, T, D, dtype))
-    monkeypatch.setattr(timed_calls, "device_ms", fake_ms)
+    monkeypatch.setattr(timed_calls, "kernel_ms", fake_ms)
     classes = [("bf16", 8, 8192, 128, "input"), ("bf16", 1, 131072, 128, "input")]
-    times, candidates = tune_table.measure(classes, reps=2, warmup_ms=1, rep_ms=1, log=lambda *_: None)
+    times, candidates = tune_table.measure(classes, reps=2, calls=1, log=lambda *_: None)
     assert len(candidates) >= 3
     table = tune_table.choose(times, candidates, tie=0.01)
     assert table == {key: options[1] for key, options in candidates.items()}
