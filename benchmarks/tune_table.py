@@ -126,6 +126,71 @@ def measure(classes, reps: int, calls: int, log=print, after_class=None) -> tupl
     return times, candidates
 
 
+# the classes an architecture without a GPU here ships entries for: the K = 128 ones (bf16 grid (a), batch 1 at 128K,
+# fp16, the split precision). K = 64 keeps autotuning there: on sm_90 its selector's first candidate (two stages) ran
+# 6-29% slower than the second (docs/kernels.md, "The tuned table")
+FIRST_CANDIDATE_CLASSES = tuple(c for c in DEFAULT_CLASSES if c[3] == 128)
+
+
+def first_candidates(capability: int, sm_count: int, classes=FIRST_CANDIDATE_CLASSES) -> dict:
+    """The table of an architecture no GPU here can time: for every autotuned launch that a fwd+bwd of ``classes``
+    plans on a GPU of ``capability`` with ``sm_count`` SMs (no GPU needed), the selector's first candidate, entered
+    for both values of the key's WAVES field (other GPUs of the architecture have other SM counts; the candidates do
+    not depend on it). Every entry is then a configuration tests/ops/test_aot.py compiles for that target."""
+    from lightning_attention import settings
+    from lightning_attention.ops.lightning import launches, plan, run
+    from lightning_attention.ops.lightning.device import DeviceInfo
+    from lightning_attention.ops.lightning.kernels import tuned, walk
+
+    device = DeviceInfo.of_capability(capability, sm_count)
+    waves = 3 + walk.AUTOTUNE_KEY.index("WAVES")  # after (kind, dtype, INTER_PREC): tuned.table_key
+    table = {}
+    for dtype, B, T, D, precision in classes:
+        fwd = _planned_problem(device, DTYPES[dtype], B, T, D, settings.Settings(precision=precision))
+        segments = plan.plan_segments(fwd)
+        states = segments.total if segments.segmented else None
+        bwd = _planned_problem(device, DTYPES[dtype], B, T, D, fwd.settings, backward=True, fwd_states=states)
+        with tuned.override({}):
+            run.clear_programs()
+            run.forward_program(fwd)
+            run.backward_program(bwd)
+            keys = launches.autotuned_launches()
+            run.clear_programs()
+        for key, options in keys.items():
+            for w in (1, 2):
+                table[(*key[:waves], w, *key[waves + 1 :]) if key[0] == "walk" else key] = options[0]
+    return table
+
+
+def _planned_problem(device, dtype, B, T, D, config, backward=False, fwd_states=None):
+    """The :class:`ChunkProblem` of a call on contiguous ``[B, T, 16, D]`` tensors with TNL slopes, as ``device`` would
+    plan it; ``backward``: its backward, which receives ``fwd_states`` segment states (None: unsegmented)."""
+    from lightning_attention.ops.lightning.plan import ChunkProblem, TensorSpec
+
+    qk = TensorSpec.contiguous((B, T, 16, D), dtype)
+    return ChunkProblem(
+        q=qk, k=qk, v=qk, num_seqs=B, varlen=False, offsets=None, has_slope=True, h0=None, final_state=False,
+        scale=D**-0.5, inter_chunk=0, device=device, settings=config, do=qk if backward else None,
+        fwd_states=None if fwd_states is None else TensorSpec.contiguous((fwd_states, 16, D, D), torch.float32),
+    )  # fmt: skip
+
+
+def write_first_candidates(capability: int, sm_count: int, out: str | None) -> None:
+    """Writes :func:`first_candidates` as ``kernels/tuned_sm<capability>.py`` (or ``out``)."""
+    table = first_candidates(capability, sm_count)
+    provenance = (
+        f"Not measured: no sm_{capability} GPU was at hand. Each entry is the selector's first candidate for an "
+        f"autotuned launch of the K = 128 benchmark classes (bf16 grid (a), batch 1 at 128K, fp16, the split "
+        f"precision), planned for {sm_count} SMs and entered for both WAVES values, so that a first "
+        f"call compiles one configuration instead of timing two; tests/ops/test_aot.py compiles every entry for "
+        f"sm_{capability}. Written by ``python benchmarks/tune_table.py --first-candidates {capability} --sms "
+        f"{sm_count}``; {len(table)} entries."
+    )
+    path = pathlib.Path(out) if out else TABLE_FOLDER / f"tuned_sm{capability}.py"
+    path.write_text(render(table, provenance).replace("measured on this architecture", f"for sm_{capability}"))
+    print(f"wrote {path}: {len(table)} entries")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--classes", default=None, help="comma-separated DTYPE:BxTxD[:PRECISION] (default: the grids)")
@@ -134,7 +199,14 @@ def main(argv=None) -> None:
     parser.add_argument("--calls", type=int, default=10, help="profiled calls per timing (their median)")
     parser.add_argument("--out", default=None, help="the module to write (default: kernels/tuned_sm<NN>.py)")
     parser.add_argument("--json", default=None, help="also write every timing here")
+    parser.add_argument("--first-candidates", type=int, default=None, metavar="CC",
+                        help="no timing, no GPU: write the table of compute capability CC from the selector's first "
+                             "candidates (an architecture that cannot be tuned here)")  # fmt: skip
+    parser.add_argument("--sms", type=int, default=108, help="with --first-candidates: the SM count planned for")
     args = parser.parse_args(argv)
+    if args.first_candidates is not None:
+        write_first_candidates(args.first_candidates, args.sms, args.out)
+        return
     if not torch.cuda.is_available():
         sys.exit("tune_table.py measures on a CUDA GPU")
     from lightning_attention.bench.machine import machine_info, machine_line

@@ -24,6 +24,8 @@ import pytest
 
 pytest.importorskip("triton")
 
+from lightning_attention.ops.lightning.kernels import tuned, walk  # after the skip: it imports Triton
+
 ROOT = Path(__file__).resolve().parents[2]
 ARCHS = (80, 90, 120)
 FULL_FORWARD = {}  # default flags: forward walk with h0 and final state (the largest live set)
@@ -47,6 +49,26 @@ WALK_WS_BUILDS = [
 ]
 # its pre-pass: forward, and reverse with the walk's first segment skipped
 STATE_WS_BUILDS = [(256, {}), (256, {"REVERSE": True, "SKIP_FINAL": True})]
+
+
+# the tuned tables shipped without a GPU run (the selector's first candidates): every entry is built for its target
+UNTIMED_TABLES = {cc: table for cc, table in tuned.TABLES.items() if cc != 90}
+# the kernel flags a walk's table key holds (besides DK, DV, USE_TMA and WAVES)
+_KEY_FLAGS = ("VARLEN", "REVERSE", "HAS_DECAY", "STATE_ONLY", "SEG_IN", "USE_H0", "INTER_ONLY", "SPLIT_OPERANDS")
+_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+def untimed_entry_jobs() -> list[dict]:
+    """One build job per (architecture, dtype, head dims, kernel flags) of the untimed tables' walk entries, each
+    the selector's first candidate (the entry itself: tests/ops/test_tuned.py)."""
+    jobs = {}
+    for cc, table in UNTIMED_TABLES.items():
+        for key in table:
+            named = dict(zip(walk.AUTOTUNE_KEY, key[3:], strict=True))
+            job = {"cc": cc, "dtype": _DTYPE_NAMES[key[1]], "DK": named["DK"], "DV": named["DV"],
+                   "flags": {name: named[name] for name in _KEY_FLAGS}, "which": "first"}  # fmt: skip
+            jobs[json.dumps(job, sort_keys=True)] = job
+    return list(jobs.values())
 
 
 def build(jobs: list[dict], timeout: int = 600) -> list[dict]:
@@ -102,7 +124,24 @@ def ci_builds():
              for cc in (80, 90) for dk, dv in ((128, 128), (16, 128))]  # fmt: skip
     jobs += [{"kernel": "walk_ws", "cc": 90, "DV": dv, "flags": flags} for dv, flags in WALK_WS_BUILDS]
     jobs += [{"kernel": "state_ws", "cc": 90, "DV": dv, "flags": flags} for dv, flags in STATE_WS_BUILDS]
+    jobs += untimed_entry_jobs()
     return build(jobs)
+
+
+@pytest.mark.parametrize("cc", sorted(UNTIMED_TABLES))
+def test_untimed_table_entries_compile(ci_builds, cc):
+    """Every walk entry of a tuned table shipped without a GPU run was built for its target with its key's kernel
+    flags, as that configuration, within the shared-memory limit and the dispatcher's estimate."""
+    assert UNTIMED_TABLES[cc]
+    for key, entry in UNTIMED_TABLES[cc].items():
+        assert key[0] == "walk", key
+        named = dict(zip(walk.AUTOTUNE_KEY, key[3:], strict=True))
+        built = [r for r in ci_builds if r.get("kernel") == "walk" and r["cc"] == cc
+                 and r["dtype"] == _DTYPE_NAMES[key[1]] and (r["DK"], r["DV"]) == (named["DK"], named["DV"])
+                 and all(r["flags"].get(name) == named[name] for name in _KEY_FLAGS)]  # fmt: skip
+        assert built, key
+        assert all((r["BT"], r["BV"], r["num_warps"], r["num_stages"]) == entry for r in built), (key, built)
+        check(built)
 
 
 def test_two_warpgroup_walk_compiles_for_sm90(ci_builds):

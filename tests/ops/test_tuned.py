@@ -197,3 +197,30 @@ def test_measure_pins_each_candidate_and_finds_the_fastest(tune_table, monkeypat
     assert len(candidates) >= 3
     table = tune_table.choose(times, candidates, tie=0.01)
     assert table == {key: options[1] for key, options in candidates.items()}
+
+
+def test_the_sm80_table_is_the_selectors_first_candidates(tune_table):
+    """The untimed sm_80 table is what ``tune_table.py --first-candidates 80`` writes from the current selector (its
+    entries are then the builds tests/ops/test_aot.py checks); on another SM count (an A30's 56) the same keys,
+    whichever WAVES value a class takes there."""
+    assert tune_table.first_candidates(80, 108) == dict(tuned.TABLES[80])
+    assert tune_table.first_candidates(80, 56) == dict(tuned.TABLES[80])
+    for key, entry in tuned.TABLES[80].items():
+        named = dict(zip(walk.AUTOTUNE_KEY, key[3:], strict=True))
+        assert named["DK"] == named["DV"] == 128 and not named["USE_TMA"], key
+        offered = configs.walk_candidates(
+            128, 128, 2, SHARED_PER_BLOCK[80], state_only=named["STATE_ONLY"], tma=False,
+            state_bytes=configs.state_operand_bytes(key[2]),
+        )  # fmt: skip
+        assert entry == launches.config_shape(offered[0], {}), key
+
+
+def test_an_a100_plans_the_sm80_entries_without_autotuning():
+    from lightning_attention.ops.lightning.device import DeviceInfo
+
+    a100 = DeviceInfo.of_capability(80, sm_count=108)
+    for B, T in ((64, 1024), (8, 8192), (1, 131072)):
+        fwd, bwd = problem(B=B, T=T, device=a100), problem(B=B, T=T, device=a100, backward=True)
+        walks = _walks(run.forward_program(fwd)) + _walks(run.backward_program(bwd))
+        assert walks and all(name == "lightning_attn walk" for name, _ in walks), (B, T, walks)
+        assert {shape for _, shape in walks} <= set(tuned.TABLES[80].values())

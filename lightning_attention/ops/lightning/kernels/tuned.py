@@ -7,18 +7,21 @@ launch compiles only that one, and every process and machine of that architectur
 class has no entry, or whose entry is not among the candidates the selector offers there (another shared-memory
 limit, a pinned configuration), is autotuned as before; the ``tuned_table`` setting off autotunes every launch.
 
-``benchmarks/tune_table.py`` measures the entries on a GPU (each candidate of each class pinned in turn, whole
-calls timed, ties within the noise left to the selector's order) and writes ``tuned_sm<NN>.py``; its docstring
-names the GPU, the commit and the command. A key is :func:`table_key`.
+``benchmarks/tune_table.py`` measures the entries on a GPU (each candidate of each class pinned in turn, each call
+timed by its kernels, ties within the noise left to the selector's order) and writes ``tuned_sm<NN>.py``; its
+docstring names the GPU, the commit and the command. For an architecture no GPU here can time it writes the
+selector's first candidates instead (``--first-candidates``), which tests/ops/test_aot.py compiles for that target.
+A key is :func:`table_key`.
 """
 
 import contextlib
 from collections.abc import Iterator, Mapping
 
-from lightning_attention.ops.lightning.kernels import tuned_sm90
+from lightning_attention.ops.lightning.kernels import tuned_sm80, tuned_sm90
 
-# compute capability -> {key -> (BT, BV, num_warps, num_stages)}
-TABLES: dict[int, Mapping[tuple, tuple[int, int, int, int]]] = {90: tuned_sm90.CONFIGS}
+# compute capability -> {key -> (BT, BV, num_warps, num_stages)}: sm_90 measured; sm_80 the selector's first
+# candidates at K = 128, compile-checked but not timed (no such GPU at hand; docs/kernels.md, "The tuned table")
+TABLES: dict[int, Mapping[tuple, tuple[int, int, int, int]]] = {80: tuned_sm80.CONFIGS, 90: tuned_sm90.CONFIGS}
 
 _override: Mapping[tuple, tuple[int, int, int, int]] | None = None
 

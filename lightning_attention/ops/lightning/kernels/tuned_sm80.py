@@ -1,0 +1,50 @@
+"""Launch configurations for sm_80 (read through
+:mod:`lightning_attention.ops.lightning.kernels.tuned`).
+
+Not measured: no sm_80 GPU was at hand. Each entry is the selector's first candidate for an autotuned launch of the K =
+128 benchmark classes (bf16 grid (a), batch 1 at 128K, fp16, the split precision), planned for 108 SMs and entered for
+both WAVES values, so that a first call compiles one configuration instead of timing two; tests/ops/test_aot.py compiles
+every entry for sm_80. Written by ``python benchmarks/tune_table.py --first-candidates 80 --sms 108``; 36 entries.
+"""
+
+# key: (kind, dtype, INTER_PREC, *the kernel's autotuning key): walk ('DK', 'DV', 'VARLEN', 'REVERSE', 'HAS_DECAY',
+# 'STATE_ONLY', 'SEG_IN', 'USE_H0', 'INTER_ONLY', 'USE_TMA', 'WAVES', 'SPLIT_OPERANDS'), dk/dv walk ('DK', 'DV',
+# 'VARLEN', 'HAS_DECAY', 'SEG_IN', 'USE_H0', 'INTER_ONLY'); value: (BT, BV, num_warps, num_stages)
+CONFIGS: dict[tuple, tuple[int, int, int, int]] = {
+    ('walk', 'bfloat16', 'input', 128, 128, 0, False, True, False, False, False, False, False, 1, False): (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'input', 128, 128, 0, False, True, False, False, False, False, False, 2, False): (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'input', 128, 128, 0, False, True, False, True, False, False, False, 1, False): (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'input', 128, 128, 0, False, True, False, True, False, False, False, 2, False): (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'input', 128, 128, 0, False, True, True, False, False, False, False, 1, False): (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'input', 128, 128, 0, False, True, True, False, False, False, False, 2, False): (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'input', 128, 128, 0, True, True, False, False, False, False, False, 1, False): (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'input', 128, 128, 0, True, True, False, False, False, False, False, 2, False): (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'input', 128, 128, 0, True, True, False, True, False, False, False, 1, False): (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'input', 128, 128, 0, True, True, False, True, False, False, False, 2, False): (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'input', 128, 128, 0, True, True, True, False, False, False, False, 1, False): (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'input', 128, 128, 0, True, True, True, False, False, False, False, 2, False): (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'split', 128, 128, 0, False, True, False, False, False, False, False, 1, True): (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'split', 128, 128, 0, False, True, False, False, False, False, False, 2, True): (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'split', 128, 128, 0, False, True, False, True, False, False, False, 1, True): (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'split', 128, 128, 0, False, True, False, True, False, False, False, 2, True): (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'split', 128, 128, 0, False, True, True, False, False, False, False, 1, True): (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'split', 128, 128, 0, False, True, True, False, False, False, False, 2, True): (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'split', 128, 128, 0, True, True, False, False, False, False, False, 1, True): (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'split', 128, 128, 0, True, True, False, False, False, False, False, 2, True): (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'split', 128, 128, 0, True, True, False, True, False, False, False, 1, True): (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'split', 128, 128, 0, True, True, False, True, False, False, False, 2, True): (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'split', 128, 128, 0, True, True, True, False, False, False, False, 1, True): (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'split', 128, 128, 0, True, True, True, False, False, False, False, 2, True): (64, 64, 4, 3),
+    ('walk', 'float16', 'tf32', 128, 128, 0, False, True, False, False, False, False, False, 1, False): (64, 64, 4, 3),
+    ('walk', 'float16', 'tf32', 128, 128, 0, False, True, False, False, False, False, False, 2, False): (64, 64, 4, 3),
+    ('walk', 'float16', 'tf32', 128, 128, 0, False, True, False, True, False, False, False, 1, False): (64, 64, 4, 3),
+    ('walk', 'float16', 'tf32', 128, 128, 0, False, True, False, True, False, False, False, 2, False): (64, 64, 4, 3),
+    ('walk', 'float16', 'tf32', 128, 128, 0, False, True, True, False, False, False, False, 1, False): (64, 64, 4, 3),
+    ('walk', 'float16', 'tf32', 128, 128, 0, False, True, True, False, False, False, False, 2, False): (64, 64, 4, 3),
+    ('walk', 'float16', 'tf32', 128, 128, 0, True, True, False, False, False, False, False, 1, False): (64, 64, 4, 3),
+    ('walk', 'float16', 'tf32', 128, 128, 0, True, True, False, False, False, False, False, 2, False): (64, 64, 4, 3),
+    ('walk', 'float16', 'tf32', 128, 128, 0, True, True, False, True, False, False, False, 1, False): (64, 64, 4, 3),
+    ('walk', 'float16', 'tf32', 128, 128, 0, True, True, False, True, False, False, False, 2, False): (64, 64, 4, 3),
+    ('walk', 'float16', 'tf32', 128, 128, 0, True, True, True, False, False, False, False, 1, False): (64, 64, 4, 3),
+    ('walk', 'float16', 'tf32', 128, 128, 0, True, True, True, False, False, False, False, 2, False): (64, 64, 4, 3),
+}
