@@ -52,7 +52,7 @@ def _write_run(guard, folder, changes: dict[str, tuple[dict, dict]], reps: int =
             }
         )
     )
-    paired = {p.name for p in guard.POINTS if p.group in guard.PAIRED_GROUPS}
+    group_of = {p.name: p.group for p in guard.POINTS}
     for rep in range(1, reps + 1):
         sides = {}
         for i, label in enumerate(("old", "new")):
@@ -60,9 +60,10 @@ def _write_run(guard, folder, changes: dict[str, tuple[dict, dict]], reps: int =
             for name, change in changes.items():
                 values[name] = dict((change[rep - 1] if isinstance(change, list) else change)[i])
             sides[label] = values
-            _raw(folder, label, rep, {k: v for k, v in values.items() if k not in paired})
-        _raw(folder, "pair", rep, {label: {k: v for k, v in values.items() if k in paired}
-                                   for label, values in sides.items()}, group="host")  # fmt: skip
+            _raw(folder, label, rep, {k: v for k, v in values.items() if group_of[k] not in guard.PAIRED_GROUPS})
+        for group in sorted(guard.PAIRED_GROUPS):  # one process per paired group, both packages in it
+            _raw(folder, "pair", rep, {label: {k: v for k, v in values.items() if group_of[k] == group}
+                                       for label, values in sides.items()}, group=group)  # fmt: skip
 
 
 def _points(folder) -> dict[str, dict]:
@@ -101,7 +102,8 @@ def test_report_judges_device_and_launch_bound_points(guard, tmp_path):
     assert len(got["a128-T2048-fwd"]["old"]["runs"]) == 3
     summary = json.loads((tmp_path / "guard.json").read_text())
     assert summary["verdict"] == "FAIL" and summary["machine"]["triton"] == "3.6.0"
-    assert summary["packages"]["old"]["commit"] == "d032eca" and len(summary["runs"]) == 9
+    assert summary["packages"]["old"]["commit"] == "d032eca"
+    assert len(summary["runs"]) == 3 * (2 + len(guard.PAIRED_GROUPS))  # per rep: old, new, one pair per paired group
     table = (tmp_path / "guard.md").read_text()
     assert table.startswith("# Guard: FAIL")
     assert (
