@@ -98,7 +98,7 @@ def main(argv=None) -> None:
             results["check_us"] = per_call_us(check, args.calls, args.repeats, device)
             send = torch.zeros(call_header.HEADER_SLOTS, dtype=torch.int64, device=device)
             results["all_gather_us"] = per_call_us(
-                lambda: recorded_all_gather(send, world_size, None, "check"), args.calls, args.repeats, device
+                lambda send=send: recorded_all_gather(send, world_size, None, "check"), args.calls, args.repeats, device
             )
         results[f"forward_{mode}_us"] = per_call_us(forward, args.calls, args.repeats, device)
     results["header_bytes_per_rank"] = call_header.HEADER_BYTES
