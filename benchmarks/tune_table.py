@@ -16,6 +16,7 @@ selector's rule instead of the noise. Every candidate is one the GPU suite value
 
     python benchmarks/tune_table.py                      # writes kernels/tuned_sm<NN>.py for this GPU
     python benchmarks/tune_table.py --classes bf16:4x16384x64,bf16:1x131072x128 --reps 5 --json tune.json
+    python benchmarks/tune_table.py --first-candidates 80 --sms 108    # no GPU: kernels/tuned_sm80.py, untimed
 
 The written module names the GPU, the software, the commit measured and this command; the JSON (``--json``) holds
 every timing.
@@ -71,7 +72,7 @@ def choose(times: dict, candidates: dict, tie: float) -> dict:
     return table
 
 
-def render(table: dict, provenance: str) -> str:
+def render(table: dict, provenance: str, title: str = "Launch configurations measured on this architecture") -> str:
     """The source of a ``tuned_sm<NN>.py`` module holding ``table`` (sorted, one entry a line)."""
     from lightning_attention.ops.lightning.kernels import dkdv_walk, walk
 
@@ -81,7 +82,7 @@ def render(table: dict, provenance: str) -> str:
         width=118, initial_indent="# ", subsequent_indent="# ", break_long_words=False)  # fmt: skip
     entries = "".join(f"    {key!r}: {value!r},\n" for key, value in sorted(table.items(), key=repr))
     return (
-        f'"""Launch configurations measured on this architecture (read through\n'
+        f'"""{title} (read through\n'
         f":mod:`lightning_attention.ops.lightning.kernels.tuned`).\n\n{textwrap.fill(provenance, 120)}\n"
         f'"""\n\n'
         f"{comment}\n"
@@ -170,7 +171,7 @@ def _planned_problem(device, dtype, B, T, D, config, backward=False, fwd_states=
     qk = TensorSpec.contiguous((B, T, 16, D), dtype)
     return ChunkProblem(
         q=qk, k=qk, v=qk, num_seqs=B, varlen=False, offsets=None, has_slope=True, h0=None, final_state=False,
-        scale=D**-0.5, inter_chunk=0, device=device, settings=config, do=qk if backward else None,
+        scale=1.0, inter_chunk=0, device=device, settings=config, do=qk if backward else None,
         fwd_states=None if fwd_states is None else TensorSpec.contiguous((fwd_states, 16, D, D), torch.float32),
     )  # fmt: skip
 
@@ -179,7 +180,7 @@ def write_first_candidates(capability: int, sm_count: int, out: str | None) -> N
     """Writes :func:`first_candidates` as ``kernels/tuned_sm<capability>.py`` (or ``out``)."""
     table = first_candidates(capability, sm_count)
     provenance = (
-        f"Not measured: no sm_{capability} GPU was at hand. Each entry is the selector's first candidate for an "
+        f"Not timed on an sm_{capability} GPU: each entry is the selector's first candidate for an "
         f"autotuned launch of the K = 128 benchmark classes (bf16 grid (a), batch 1 at 128K, fp16, the split "
         f"precision), planned for {sm_count} SMs and entered for both WAVES values, so that a first "
         f"call compiles one configuration instead of timing two; tests/ops/test_aot.py compiles every entry for "
@@ -187,7 +188,7 @@ def write_first_candidates(capability: int, sm_count: int, out: str | None) -> N
         f"{sm_count}``; {len(table)} entries."
     )
     path = pathlib.Path(out) if out else TABLE_FOLDER / f"tuned_sm{capability}.py"
-    path.write_text(render(table, provenance).replace("measured on this architecture", f"for sm_{capability}"))
+    path.write_text(render(table, provenance, title=f"Launch configurations for sm_{capability}"))
     print(f"wrote {path}: {len(table)} entries")
 
 

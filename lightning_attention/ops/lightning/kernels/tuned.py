@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 from lightning_attention.ops.lightning.kernels import tuned_sm80, tuned_sm90
 
 # compute capability -> {key -> (BT, BV, num_warps, num_stages)}: sm_90 measured; sm_80 the selector's first
-# candidates at K = 128, compile-checked but not timed (no such GPU at hand; docs/kernels.md, "The tuned table")
+# candidates at K = 128, compile-checked, never timed on an sm_80 GPU (docs/kernels.md, "The tuned table")
 TABLES: dict[int, Mapping[tuple, tuple[int, int, int, int]]] = {80: tuned_sm80.CONFIGS, 90: tuned_sm90.CONFIGS}
 
 _override: Mapping[tuple, tuple[int, int, int, int]] | None = None

@@ -1,10 +1,10 @@
 """Launch configurations for sm_80 (read through
 :mod:`lightning_attention.ops.lightning.kernels.tuned`).
 
-Not measured: no sm_80 GPU was at hand. Each entry is the selector's first candidate for an autotuned launch of the K =
-128 benchmark classes (bf16 grid (a), batch 1 at 128K, fp16, the split precision), planned for 108 SMs and entered for
-both WAVES values, so that a first call compiles one configuration instead of timing two; tests/ops/test_aot.py compiles
-every entry for sm_80. Written by ``python benchmarks/tune_table.py --first-candidates 80 --sms 108``; 36 entries.
+Not timed on an sm_80 GPU: each entry is the selector's first candidate for an autotuned launch of the K = 128 benchmark
+classes (bf16 grid (a), batch 1 at 128K, fp16, the split precision), planned for 108 SMs and entered for both WAVES
+values, so that a first call compiles one configuration instead of timing two; tests/ops/test_aot.py compiles every
+entry for sm_80. Written by ``python benchmarks/tune_table.py --first-candidates 80 --sms 108``; 36 entries.
 """
 
 # key: (kind, dtype, INTER_PREC, *the kernel's autotuning key): walk ('DK', 'DV', 'VARLEN', 'REVERSE', 'HAS_DECAY',
