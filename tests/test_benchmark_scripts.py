@@ -15,11 +15,13 @@ import pytest
 import torch
 
 from lightning_attention import settings
+from lightning_attention.ops.lightning import naive
 
 BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
 # recompute_smem_table.py is run by tests/ops/test_recompute_smem.py (it drops TRITON_INTERPRET at import)
 SCRIPTS = ("host_overhead.py", "chunk_profile.py", "chunk_sweep.py", "ncu_profile.py", "host_trace.py",
-           "recompute_timing.py", "guard.py", "cold_start.py", "tune_table.py", "fp32_products.py")  # fmt: skip
+           "recompute_timing.py", "guard.py", "cold_start.py", "tune_table.py", "fp32_products.py",
+           "precision_model.py")  # fmt: skip
 
 
 @pytest.fixture
@@ -147,3 +149,20 @@ def test_kernel_ms_adds_up_each_calls_kernels_and_takes_the_median(scripts, monk
     monkeypatch.setattr(timed_calls, "profiled_kernels", lambda fn, n: per_call[:n])
     assert timed_calls.kernel_ms(lambda: calls.append(1), calls=3) == pytest.approx(0.4)
     assert calls == [1]  # the warm-up call; the profiled ones run inside profiled_kernels
+
+
+def test_precision_model_reproduces_the_measured_ratios(scripts):
+    """The emulated walk: the default's error lands near the 1.6× of the rounding floor measured on GPUs, the split
+    precision's at the floor; tf32 keeps 10 significand bits; the walk in exact arithmetic is the recurrence."""
+    import precision_model as pm
+
+    x = torch.tensor([1 + 2**-11, 1 + 2**-10 + 2**-12, -3.0], dtype=torch.float64)
+    assert pm.round_to(x, "tf32").tolist() == [1 + 2**-10, 1 + 2**-10, -3.0]  # half away from zero; below half down
+    q, k, v, slope = pm.inputs("tnl", 1, 2, 64, 16, 16)
+    exact = pm.walk_output(q, k, v, slope, 16, "exact", "exact", "exact")
+    ref, _ = naive.quadratic_lightning_attn(*(x.transpose(1, 2) for x in (q, k, v)), slope)
+    torch.testing.assert_close(exact, ref.transpose(1, 2), rtol=1e-10, atol=1e-10)
+    rows = {(r["scores"], r["state"], r["values"]): r for r in pm.model(32, 256, 2, 32, 32, "tnl", ("bf16", "split"))}
+    assert 1.3 < rows["bf16", "bf16", "bf16"]["vs_floor"] < 1.9
+    assert rows["split", "split", "split"]["vs_floor"] < 1.02
+    assert rows["split", "split", "split"]["product_time"] == pytest.approx(7 / 4)  # 4 equal products, 3 doubled

@@ -1,0 +1,133 @@
+"""The bf16 forward walk's rounding, emulated in float64 on the CPU: how far each way of feeding its three float32
+intermediates to the tensor cores puts the output from the exact result, and what it costs in tensor-core time.
+
+The walk (docs/kernels.md, "The chunk walk") rounds three float32 tiles to an operand type before a product: the
+scores A before ``A·V``, the state S before ``q·S`` and the decayed values ``λ^x·V`` before the state update
+``Kᵀ·(λV)``; q, k and v are inputs, exact in their dtype, and everything else accumulates in float32 (here float64).
+Each intermediate can be fed as:
+
+- ``bf16``: rounded to bf16 (the default for bf16 inputs);
+- ``tf32``: rounded to tf32 (10 explicit significand bits), the product at half the bf16 rate;
+- ``split``: two bf16 halves hi + lo, two products (the ``split`` precision);
+- ``exact``: not rounded (a bound, not a kernel).
+
+Per combination the script prints the relative L2 error of o (rounded to the output dtype, as the kernel stores it)
+against the float64 result over that of the float64 result rounded to the output dtype (the floor), and the
+tensor-core time of a chunk's products relative to the default (bf16 products count 1 per FLOP, tf32 and split 2).
+It predicts which precision reaches the 1.1× accuracy target for how much product time; whether that time hides
+behind the loads is for a GPU to measure (docs/kernels.md, "Split operands").
+
+    python benchmarks/precision_model.py                            # bf16, K = V = 128, T = 1024, chunks of 64
+    python benchmarks/precision_model.py --dim 64 --inputs vllm     # unscaled inputs, decay U(0, 1) per head
+"""
+
+import argparse
+import itertools
+import json
+
+import torch
+
+MODES = ("bf16", "tf32", "split", "exact")
+PRODUCT_COST = {"bf16": 1, "tf32": 2, "split": 2, "exact": 0}  # tensor-core time per FLOP against one bf16 product
+
+
+def round_to(x: torch.Tensor, mode: str) -> torch.Tensor:
+    """``x`` (float64) as the tensor cores would see it fed as ``mode`` (module docstring)."""
+    if mode == "exact":
+        return x
+    if mode == "bf16":
+        return x.to(torch.bfloat16).double()
+    if mode == "split":
+        hi = x.to(torch.bfloat16).double()
+        return hi + (x - hi).to(torch.bfloat16).double()
+    if mode == "tf32":  # round the float32 significand to 10 bits, to nearest (ties away, as cvt.rna.tf32)
+        bits = x.float().view(torch.int32)
+        return ((bits + 0x1000) & ~0x1FFF).view(torch.float32).double()
+    raise ValueError(f"mode is one of {MODES}, got {mode!r}")
+
+
+def walk_output(q, k, v, slope, chunk: int, scores: str, state: str, values: str) -> torch.Tensor:
+    """o ``[B, H, T, V]`` (float64) of the chunked forward from a zero state with the three intermediates fed as
+    ``scores``, ``state`` and ``values``; q, k: ``[B, H, T, K]``, v: ``[B, H, T, V]`` (float64 holding the inputs'
+    values); slope: ``[H]``, λ = exp(-slope); T a multiple of ``chunk``."""
+    B, H, T, K = q.shape
+    V = v.shape[-1]
+    lam = torch.exp(-slope.double())[:, None, None]  # [H, 1, 1]
+    pos = torch.arange(chunk, dtype=torch.float64)
+    gap = pos[:, None] - pos[None, :]
+    decay = torch.where(gap >= 0, lam ** gap.clamp(min=0), 0.0)  # [H, C, C]: selected, never multiplied by a mask
+    q_decay = lam ** (pos[:, None] + 1)  # [H, C, 1]: λ^(t+1) for the inter product
+    v_decay = lam ** (chunk - 1 - pos[:, None])  # [H, C, 1]: λ^(C-1-t) for the state update
+    S = q.new_zeros(B, H, K, V)
+    out = []
+    for c in range(0, T, chunk):
+        qc, kc, vc = q[:, :, c : c + chunk], k[:, :, c : c + chunk], v[:, :, c : c + chunk]
+        A = (qc @ kc.transpose(-1, -2)) * decay
+        o = round_to(A, scores) @ vc + q_decay * (qc @ round_to(S, state))
+        S = lam**chunk * S + kc.transpose(-1, -2) @ round_to(v_decay * vc, values)
+        out.append(o)
+    return torch.cat(out, dim=2)
+
+
+def product_time(K: int, V: int, chunk: int, value_tile: int, scores: str, state: str, values: str) -> float:
+    """Tensor-core time of one chunk's products per value tile over that of the default (every product in bf16):
+    q·kᵀ (recomputed per value tile, an input product), A·V, q·S and Kᵀ·(λV)."""
+    qk = 2 * chunk * chunk * K
+    av, qs, update = 2 * chunk * chunk * value_tile, 2 * chunk * K * value_tile, 2 * chunk * K * value_tile
+    default = qk + av + qs + update
+    return (qk + PRODUCT_COST[scores] * av + PRODUCT_COST[state] * qs + PRODUCT_COST[values] * update) / default
+
+
+def inputs(kind: str, B: int, H: int, T: int, K: int, V: int, dtype=torch.bfloat16, seed: int = 0):
+    """(q, k, v, slope) with q, k, v rounded to ``dtype`` and held in float64. ``"tnl"``: N(0, 1) inputs and the TNL
+    slopes of layer 0 of 12 (what the benchmarks measure); ``"vllm"``: N(0, 1) inputs and a decay U(0, 1) per head
+    (the peer's test matrix, docs/performance.md, "Accuracy")."""
+    import lightning_attention as la
+
+    gen = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(B, H, T, K, generator=gen).to(dtype).double() for _ in range(2))
+    v = torch.randn(B, H, T, V, generator=gen).to(dtype).double()
+    slope = la.tnl_slopes(H, 0, 12) if kind == "tnl" else torch.rand(H, generator=gen)
+    return q, k, v, slope.double()
+
+
+def model(dim: int, T: int, H: int, chunk: int, value_tile: int, kind: str, modes=("bf16", "tf32", "split")) -> list:
+    """One row per combination of ``modes`` for the three intermediates of a bf16 walk (B = 2, H heads, T tokens,
+    K = V = ``dim``): the default (all bf16) first, then by product time."""
+    q, k, v, slope = inputs(kind, 2, H, T, dim, dim, torch.bfloat16)
+    exact = walk_output(q, k, v, slope, chunk, "exact", "exact", "exact")
+    floor = float((exact.to(torch.bfloat16).double() - exact).norm() / exact.norm())
+    rows = []
+    for scores, state, values in itertools.product(modes, repeat=3):
+        o = walk_output(q, k, v, slope, chunk, scores, state, values).to(torch.bfloat16).double()
+        error = float((o - exact).norm() / exact.norm())
+        rows.append({"scores": scores, "state": state, "values": values, "error": error, "vs_floor": error / floor,
+                     "product_time": product_time(dim, dim, chunk, value_tile, scores, state, values)})  # fmt: skip
+    default = ("bf16", "bf16", "bf16")
+    return sorted(rows, key=lambda r: ((r["scores"], r["state"], r["values"]) != default, r["product_time"],
+                                       r["vs_floor"]))  # fmt: skip
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dim", type=int, default=128, help="K = V")
+    parser.add_argument("--seqlen", type=int, default=1024)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--chunk", type=int, default=64, help="the walk's BT")
+    parser.add_argument("--value-tile", type=int, default=64, help="the walk's BV")
+    parser.add_argument("--inputs", choices=("tnl", "vllm"), default="tnl")
+    parser.add_argument("--modes", default="bf16,tf32,split", help=f"comma-separated, of {', '.join(MODES)}")
+    parser.add_argument("--json", default=None, help="also write the rows here")
+    args = parser.parse_args(argv)
+    rows = model(args.dim, args.seqlen, args.heads, args.chunk, args.value_tile, args.inputs,
+                 tuple(args.modes.split(",")))  # fmt: skip
+    print(f"{'scores':>6} {'state':>6} {'values':>6}  error ÷ floor  product time")
+    for r in rows:
+        print(f"{r['scores']:>6} {r['state']:>6} {r['values']:>6}  {r['vs_floor']:12.3f}  {r['product_time']:11.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"config": vars(args), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
