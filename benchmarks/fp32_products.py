@@ -7,6 +7,7 @@ first call's time (compile included) and each output's relative L2 error against
 """
 
 import argparse
+import sys
 import time
 
 import torch
@@ -16,6 +17,7 @@ PRECISIONS = ("tf32x3", "ieee")
 
 
 def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖x − ref‖ / ‖ref‖ in float64 (``ref`` float64, ``x`` any shape like it)."""
     return float((x.double() - ref).norm() / ref.norm())
 
 
@@ -57,8 +59,11 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default=None, help="JSON file for the rows")
     args = parser.parse_args(argv)
     precisions = tuple(args.precisions.split(","))
+    from lightning_attention.bench.machine import machine_info
+
+    info = machine_info("cuda")
     rows = [row for s in args.shapes.split(",") for row in measure(*parse_shape(s), precisions=precisions)]
-    write_json(args.out, {"rows": rows})
+    write_json(args.out, {"machine": info, "argv": sys.argv[1:] if argv is None else argv, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ Each intermediate can be fed as:
 - ``bf16``: rounded to bf16 (the default for bf16 inputs);
 - ``tf32``: rounded to tf32 (10 explicit significand bits), the product at half the bf16 rate;
 - ``split``: two bf16 halves hi + lo, two products (the ``split`` precision);
-- ``exact``: not rounded (a bound, not a kernel).
+- ``exact``: not rounded (a bound, not a kernel: no product time).
 
 Per combination the script prints the relative L2 error of o (rounded to the output dtype, as the kernel stores it)
 against the float64 result over that of the float64 result rounded to the output dtype (the floor), and the
@@ -28,7 +28,7 @@ import json
 import torch
 
 MODES = ("bf16", "tf32", "split", "exact")
-PRODUCT_COST = {"bf16": 1, "tf32": 2, "split": 2, "exact": 0}  # tensor-core time per FLOP against one bf16 product
+PRODUCT_COST = {"bf16": 1, "tf32": 2, "split": 2}  # tensor-core time per FLOP against one bf16 product
 
 
 def round_to(x: torch.Tensor, mode: str) -> torch.Tensor:
@@ -69,9 +69,11 @@ def walk_output(q, k, v, slope, chunk: int, scores: str, state: str, values: str
     return torch.cat(out, dim=2)
 
 
-def product_time(K: int, V: int, chunk: int, value_tile: int, scores: str, state: str, values: str) -> float:
+def product_time(K: int, chunk: int, value_tile: int, scores: str, state: str, values: str) -> float | None:
     """Tensor-core time of one chunk's products per value tile over that of the default (every product in bf16):
-    q·kᵀ (recomputed per value tile, an input product), A·V, q·S and Kᵀ·(λV)."""
+    q·kᵀ (recomputed per value tile, an input product), A·V, q·S and Kᵀ·(λV); None where a mode is ``exact``."""
+    if "exact" in (scores, state, values):
+        return None
     qk = 2 * chunk * chunk * K
     av, qs, update = 2 * chunk * chunk * value_tile, 2 * chunk * K * value_tile, 2 * chunk * K * value_tile
     default = qk + av + qs + update
@@ -79,7 +81,8 @@ def product_time(K: int, V: int, chunk: int, value_tile: int, scores: str, state
 
 
 def inputs(kind: str, B: int, H: int, T: int, K: int, V: int, dtype=torch.bfloat16, seed: int = 0):
-    """(q, k, v, slope) with q, k, v rounded to ``dtype`` and held in float64. ``"tnl"``: N(0, 1) inputs and the TNL
+    """(q, k, v, slope): q, k ``[B, H, T, K]``, v ``[B, H, T, V]`` rounded to ``dtype`` and held in float64; slope
+    ``[H]``. ``"tnl"``: N(0, 1) inputs and the TNL
     slopes of layer 0 of 12 (what the benchmarks measure); ``"vllm"``: N(0, 1) inputs and a decay U(0, 1) per head
     (the peer's test matrix, docs/performance.md, "Accuracy")."""
     import lightning_attention as la
@@ -102,10 +105,10 @@ def model(dim: int, T: int, H: int, chunk: int, value_tile: int, kind: str, mode
         o = walk_output(q, k, v, slope, chunk, scores, state, values).to(torch.bfloat16).double()
         error = float((o - exact).norm() / exact.norm())
         rows.append({"scores": scores, "state": state, "values": values, "error": error, "vs_floor": error / floor,
-                     "product_time": product_time(dim, dim, chunk, value_tile, scores, state, values)})  # fmt: skip
+                     "product_time": product_time(dim, chunk, value_tile, scores, state, values)})  # fmt: skip
     default = ("bf16", "bf16", "bf16")
-    return sorted(rows, key=lambda r: ((r["scores"], r["state"], r["values"]) != default, r["product_time"],
-                                       r["vs_floor"]))  # fmt: skip
+    return sorted(rows, key=lambda r: ((r["scores"], r["state"], r["values"]) != default,
+                                       r["product_time"] or 0.0, r["vs_floor"]))  # fmt: skip
 
 
 def main(argv=None) -> None:
@@ -123,7 +126,8 @@ def main(argv=None) -> None:
                  tuple(args.modes.split(",")))  # fmt: skip
     print(f"{'scores':>6} {'state':>6} {'values':>6}  error ÷ floor  product time")
     for r in rows:
-        print(f"{r['scores']:>6} {r['state']:>6} {r['values']:>6}  {r['vs_floor']:12.3f}  {r['product_time']:11.2f}")
+        time = "-" if r["product_time"] is None else f"{r['product_time']:.2f}"
+        print(f"{r['scores']:>6} {r['state']:>6} {r['values']:>6}  {r['vs_floor']:12.3f}  {time:>11}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"config": vars(args), "rows": rows}, f, indent=1)

@@ -87,6 +87,8 @@ def profiled_kernels(fn: Callable[[], object], calls: int) -> list[list[dict]]:
         key=lambda e: e.time_range.start,
     )
     per_call = len(kernels) // calls
+    if per_call * calls != len(kernels):  # a call that launched more (a compile, an autotuning run) shifts the rest
+        raise RuntimeError(f"{len(kernels)} kernels in {calls} calls: the calls launch different kernels")
     rows = [{"kernel": e.name[:80], "us": e.time_range.elapsed_us()} for e in kernels]
     return [rows[i * per_call : (i + 1) * per_call] for i in range(calls)]
 

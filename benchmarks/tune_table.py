@@ -72,19 +72,23 @@ def choose(times: dict, candidates: dict, tie: float) -> dict:
     return table
 
 
-def render(table: dict, provenance: str, title: str = "Launch configurations measured on this architecture") -> str:
-    """The source of a ``tuned_sm<NN>.py`` module holding ``table`` (sorted, one entry a line)."""
+def render(table: dict, provenance: str, title: str = "Launch configurations measured on this architecture",
+           measured: bool = True) -> str:  # fmt: skip
+    """The source of a ``tuned_sm<NN>.py`` module holding ``table`` (sorted, one entry a line, or two where a line
+    would pass 120 characters) and whether it was ``measured`` on a GPU of that architecture."""
     from lightning_attention.ops.lightning.kernels import dkdv_walk, walk
 
     comment = textwrap.fill(
         f"key: (kind, dtype, INTER_PREC, *the kernel's autotuning key): walk {tuple(walk.AUTOTUNE_KEY)}, dk/dv walk "
         f"{tuple(dkdv_walk.AUTOTUNE_KEY)}; value: (BT, BV, num_warps, num_stages)",
         width=118, initial_indent="# ", subsequent_indent="# ", break_long_words=False)  # fmt: skip
-    entries = "".join(f"    {key!r}: {value!r},\n" for key, value in sorted(table.items(), key=repr))
+    lines = (f"    {key!r}: {value!r},\n" for key, value in sorted(table.items(), key=repr))
+    entries = "".join(line if len(line) <= 121 else line.replace(": (", ":\n        (", 1) for line in lines)
     return (
         f'"""{title} (read through\n'
         f":mod:`lightning_attention.ops.lightning.kernels.tuned`).\n\n{textwrap.fill(provenance, 120)}\n"
         f'"""\n\n'
+        f"MEASURED = {measured}  # timed on a GPU of this architecture (False: the selector's first candidates)\n\n"
         f"{comment}\n"
         f"CONFIGS: dict[tuple, tuple[int, int, int, int]] = {{\n{entries}}}\n"
     )
@@ -188,7 +192,7 @@ def write_first_candidates(capability: int, sm_count: int, out: str | None) -> N
         f"{sm_count}``; {len(table)} entries."
     )
     path = pathlib.Path(out) if out else TABLE_FOLDER / f"tuned_sm{capability}.py"
-    path.write_text(render(table, provenance, title=f"Launch configurations for sm_{capability}"))
+    path.write_text(render(table, provenance, title=f"Launch configurations for sm_{capability}", measured=False))
     print(f"wrote {path}: {len(table)} entries")
 
 

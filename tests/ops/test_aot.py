@@ -52,7 +52,7 @@ STATE_WS_BUILDS = [(256, {}), (256, {"REVERSE": True, "SKIP_FINAL": True})]
 
 
 # the tuned tables shipped without a GPU run (the selector's first candidates): every entry is built for its target
-UNTIMED_TABLES = {cc: table for cc, table in tuned.TABLES.items() if cc != 90}
+UNTIMED_TABLES = {cc: tuned.TABLES[cc] for cc in tuned.UNTIMED}
 # the kernel flags a walk's table key holds (besides DK, DV, USE_TMA and WAVES)
 _KEY_FLAGS = ("VARLEN", "REVERSE", "HAS_DECAY", "STATE_ONLY", "SEG_IN", "USE_H0", "INTER_ONLY", "SPLIT_OPERANDS")
 _DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}

@@ -67,8 +67,8 @@ def test_an_entry_replaces_autotuning_for_its_shape_class_only():
 
 
 def test_the_shipped_sm90_table_fixes_the_benchmark_classes():
-    """On sm_90 the grid (a) classes at K = 64 and 128 (forward and backward walks) take the shipped entry, plain:
-    no autotuning on their first call."""
+    """On sm_90 grid (a) at K = 64 and 128 (T = 1K, 8K and 64K: each WAVES value, whole and in segments; forward
+    and backward walks) takes the shipped entries, plain: no autotuning on a class's first call."""
     for K in (64, 128):
         for B, T in ((64, 1024), (8, 8192), (1, 65536)):
             fwd, bwd = problem(B=B, T=T, K=K, V=K), problem(B=B, T=T, K=K, V=K, backward=True)

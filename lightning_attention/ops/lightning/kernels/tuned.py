@@ -19,9 +19,12 @@ from collections.abc import Iterator, Mapping
 
 from lightning_attention.ops.lightning.kernels import tuned_sm80, tuned_sm90
 
-# compute capability -> {key -> (BT, BV, num_warps, num_stages)}: sm_90 measured; sm_80 the selector's first
-# candidates at K = 128, compile-checked, never timed on an sm_80 GPU (docs/kernels.md, "The tuned table")
-TABLES: dict[int, Mapping[tuple, tuple[int, int, int, int]]] = {80: tuned_sm80.CONFIGS, 90: tuned_sm90.CONFIGS}
+_MODULES = {80: tuned_sm80, 90: tuned_sm90}
+# compute capability -> {key -> (BT, BV, num_warps, num_stages)}
+TABLES: dict[int, Mapping[tuple, tuple[int, int, int, int]]] = {cc: m.CONFIGS for cc, m in _MODULES.items()}
+# the architectures whose table was never timed on their GPU: the selector's first candidates, compile-checked
+# (sm_80 at K = 128; docs/kernels.md, "The tuned table")
+UNTIMED: frozenset[int] = frozenset(cc for cc, m in _MODULES.items() if not m.MEASURED)
 
 _override: Mapping[tuple, tuple[int, int, int, int]] | None = None
 

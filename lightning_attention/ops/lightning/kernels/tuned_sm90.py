@@ -6,6 +6,8 @@ timing in benchmarks/results/h200/tune/tune_table.json. The K = 256 classes have
 two-warpgroup walk).
 """
 
+MEASURED = True  # timed on a GPU of this architecture (False: the selector's first candidates)
+
 # key: (kind, dtype, INTER_PREC, *the kernel's autotuning key): walk ('DK', 'DV', 'VARLEN', 'REVERSE', 'HAS_DECAY',
 # 'STATE_ONLY', 'SEG_IN', 'USE_H0', 'INTER_ONLY', 'USE_TMA', 'WAVES', 'SPLIT_OPERANDS'), dk/dv walk ('DK', 'DV',
 # 'VARLEN', 'HAS_DECAY', 'SEG_IN', 'USE_H0', 'INTER_ONLY'); value: (BT, BV, num_warps, num_stages)
