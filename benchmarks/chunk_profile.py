@@ -80,18 +80,13 @@ def describe(row: dict) -> str:
     return f"{row['launcher']} grid {grid}: {shown} {flags}{resources}"
 
 
-def kernel_times(fn, iters: int) -> list[dict]:
-    """The CUDA kernels of the last of ``iters`` profiled calls of ``fn``, in launch order, with their µs."""
-    return profiled_kernels(fn, iters)[-1]
-
-
 def profile_shape(B: int, T: int, H: int, D: int, iters: int) -> dict:
     problem = make_problem(B, T, H, D)
     for _ in range(3):  # compile, verify the direct launches, warm
         problem.fwd_bwd()
     torch.cuda.synchronize()
     wall_ms = device_ms(problem.fwd_bwd, warmup=10, rep=100)
-    kernels = kernel_times(problem.fwd_bwd, iters)
+    kernels = profiled_kernels(problem.fwd_bwd, iters)[-1]  # the last profiled call's kernels, in launch order
     programs = call_programs(problem)
     launches = [{"pass": name, **row} for name in ("fwd", "bwd") for row in launch_rows(programs[name])]
     if len(kernels) == len(launches):  # pair them: the kernels of one call are its programs' launches, in order

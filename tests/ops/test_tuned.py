@@ -124,20 +124,24 @@ def test_shipped_entries_are_candidates_the_gpu_checks(capability):
     """Every entry of a shipped table is a candidate the selector offers for its key on that architecture, so the
     GPU suite's configuration check (tests/ops/test_configs_gpu.py) has run it against float64; its key has the
     kernel's fields."""
-    fields = {"walk": walk.AUTOTUNE_KEY}
     for key, entry in tuned.TABLES[capability].items():
-        kind, dtype, inter_prec, *values = key
+        kind, dtype = key[:2]
         assert kind in ("walk", "dkdv") and dtype in ("bfloat16", "float16", "float32"), key
-        if kind != "walk":
-            continue
-        named = dict(zip(fields[kind], values, strict=True))
-        elem = 4 if dtype == "float32" else 2
-        offered = configs.walk_candidates(
-            named["DK"], named["DV"], elem, SHARED_PER_BLOCK[capability], state_only=named["STATE_ONLY"],
-            tma=named["USE_TMA"] and capability >= TMA_MIN_CAPABILITY,
-            state_bytes=configs.state_operand_bytes(inter_prec),
-        )  # fmt: skip
-        assert entry in [launches.config_shape(c, {}) for c in offered], (key, entry)
+        if kind == "walk":
+            assert entry in _offered(capability, key), (key, entry)
+
+
+def _offered(capability: int, key: tuple) -> list[tuple[int, int, int, int]]:
+    """(BT, BV, num_warps, num_stages) of the candidates the selector offers a walk launch of tuned-table ``key`` on
+    GPUs of ``capability``, best first."""
+    _, dtype, inter_prec, *values = key
+    named = dict(zip(walk.AUTOTUNE_KEY, values, strict=True))
+    offered = configs.walk_candidates(
+        named["DK"], named["DV"], 4 if dtype == "float32" else 2, SHARED_PER_BLOCK[capability],
+        state_only=named["STATE_ONLY"], tma=named["USE_TMA"] and capability >= TMA_MIN_CAPABILITY,
+        state_bytes=configs.state_operand_bytes(inter_prec),
+    )  # fmt: skip
+    return [launches.config_shape(c, {}) for c in offered]
 
 
 # benchmarks/tune_table.py
@@ -208,11 +212,7 @@ def test_the_sm80_table_is_the_selectors_first_candidates(tune_table):
     for key, entry in tuned.TABLES[80].items():
         named = dict(zip(walk.AUTOTUNE_KEY, key[3:], strict=True))
         assert named["DK"] == named["DV"] == 128 and not named["USE_TMA"], key
-        offered = configs.walk_candidates(
-            128, 128, 2, SHARED_PER_BLOCK[80], state_only=named["STATE_ONLY"], tma=False,
-            state_bytes=configs.state_operand_bytes(key[2]),
-        )  # fmt: skip
-        assert entry == launches.config_shape(offered[0], {}), key
+        assert entry == _offered(80, key)[0], key
 
 
 def test_an_a100_plans_the_sm80_entries_without_autotuning():
