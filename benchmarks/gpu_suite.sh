@@ -53,9 +53,6 @@ set -uo pipefail
 stages="${1:-tests}"
 out="${OUT:-/tmp/out}"
 res=/tmp/gpu_results
-# $OUT starts empty in every call of the device machine, /tmp may not: results of an earlier call must not be packed
-# with this one's (a second run of this script in the same call keeps the first one's, which it packs again)
-[ -e "$out/results.tgz" ] || rm -rf "$res"
 mkdir -p "$res" "$out"
 export PYTHONUNBUFFERED=1
 eval "$(bash benchmarks/gpu_setup.sh . | tail -n 1)"
