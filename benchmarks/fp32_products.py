@@ -13,12 +13,9 @@ import time
 import torch
 from timed_calls import device_ms, float64_reference, make_problem, parse_shape, write_json
 
+from lightning_attention.utils.testing import relative_error
+
 PRECISIONS = ("tf32x3", "ieee")
-
-
-def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
-    """‖x − ref‖ / ‖ref‖ in float64 (``ref`` float64, ``x`` any shape like it)."""
-    return float((x.double() - ref).norm() / ref.norm())
 
 
 def measure(B: int, T: int, D: int, precisions=PRECISIONS) -> list[dict]:
@@ -39,7 +36,7 @@ def measure(B: int, T: int, D: int, precisions=PRECISIONS) -> list[dict]:
             grads = p.fwd_bwd()
             torch.cuda.synchronize()
             first_s = time.perf_counter() - t0
-            errors = [rel_l2(x[:1], r) for x, r in zip((o, *grads), ref, strict=True)]
+            errors = [relative_error(x[:1], r) for x, r in zip((o, *grads), ref, strict=True)]
             rows.append({
                 "shape": f"{B}x{T}x{D}", "precision": precision, "first_call_s": round(first_s, 2),
                 "fwd_ms": device_ms(p.fwd), "fwd_bwd_ms": device_ms(p.fwd_bwd),

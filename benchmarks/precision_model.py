@@ -27,6 +27,8 @@ import json
 
 import torch
 
+from lightning_attention.utils.testing import relative_error
+
 MODES = ("bf16", "tf32", "split", "exact")
 PRODUCT_COST = {"bf16": 1, "tf32": 2, "split": 2}  # tensor-core time per FLOP against one bf16 product
 
@@ -99,11 +101,11 @@ def model(dim: int, T: int, H: int, chunk: int, value_tile: int, kind: str, mode
     K = V = ``dim``): the default (all bf16) first, then by product time."""
     q, k, v, slope = inputs(kind, 2, H, T, dim, dim, torch.bfloat16)
     exact = walk_output(q, k, v, slope, chunk, "exact", "exact", "exact")
-    floor = float((exact.to(torch.bfloat16).double() - exact).norm() / exact.norm())
+    floor = relative_error(exact.to(torch.bfloat16), exact)
     rows = []
     for scores, state, values in itertools.product(modes, repeat=3):
         o = walk_output(q, k, v, slope, chunk, scores, state, values).to(torch.bfloat16).double()
-        error = float((o - exact).norm() / exact.norm())
+        error = relative_error(o, exact)
         rows.append({"scores": scores, "state": state, "values": values, "error": error, "vs_floor": error / floor,
                      "product_time": product_time(dim, chunk, value_tile, scores, state, values)})  # fmt: skip
     default = ("bf16", "bf16", "bf16")

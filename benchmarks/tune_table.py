@@ -230,7 +230,7 @@ def main(argv=None) -> None:
         provenance = (f"Measured on {machine_line(info)}, source {info.get('source_sha256')} (git {info.get('git')}):\n"
                       f"``{command.strip()}``; {len(table)} entries from {len(tables)} of {len(classes)} shape "
                       f"classes.")
-        out.write_text(render(table, provenance))
+        out.write_text(render(table, provenance, title=f"Launch configurations measured on sm_{capability}"))
         if args.json:
             rows = [{"key": list(k), "candidate": list(c), "ms": v} for k, by in times.items() for c, v in by.items()]
             pathlib.Path(args.json).write_text(json.dumps(
