@@ -196,6 +196,36 @@ def write_first_candidates(capability: int, sm_count: int, out: str | None) -> N
     print(f"wrote {path}: {len(table)} entries")
 
 
+def gpu_line(info: dict) -> str:
+    """The GPU and the software that set its timings, e.g. ``NVIDIA H200 | driver 580.159.04 | CUDA 13.0 | torch
+    2.11.0+cu130 | triton 3.6.0`` (:func:`~lightning_attention.bench.machine.machine_line` without the baselines and
+    the time of the run: the table's docstring holds only what its entries depend on)."""
+    return " | ".join(
+        (info["gpu"], f"driver {info.get('driver')}", f"CUDA {info.get('cuda')}", f"torch {info['torch']}",
+         f"triton {info.get('triton')}")
+    )  # fmt: skip
+
+
+def measuring_command(argv: list[str]) -> str:
+    """The command line that measured the table, without the options that only name where its outputs go."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--out", "--json", "--results"):
+            skip = True
+        elif not arg.startswith(("--out=", "--json=", "--results=")):
+            kept.append(arg)
+    return " ".join(["python benchmarks/tune_table.py", *kept])
+
+
+def results_folder(gpu: str) -> str:
+    """The folder of benchmarks/results/ a GPU's runs are kept in: its model, e.g. ``h200`` for "NVIDIA H200" and
+    ``h100`` for "NVIDIA H100 80GB HBM3"."""
+    words = gpu.split()
+    return (words[1] if words[0] == "NVIDIA" and len(words) > 1 else words[0]).lower()
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--classes", default=None, help="comma-separated DTYPE:BxTxD[:PRECISION] (default: the grids)")
@@ -204,6 +234,9 @@ def main(argv=None) -> None:
     parser.add_argument("--calls", type=int, default=10, help="profiled calls per timing (their median)")
     parser.add_argument("--out", default=None, help="the module to write (default: kernels/tuned_sm<NN>.py)")
     parser.add_argument("--json", default=None, help="also write every timing here")
+    parser.add_argument("--results", default=None,
+                        help="where that JSON is kept in the repository, as the module's docstring names it (default: "
+                             "benchmarks/results/<gpu>/tune/tune_table.json)")  # fmt: skip
     parser.add_argument("--first-candidates", type=int, default=None, metavar="CC",
                         help="no timing, no GPU: write the table of compute capability CC from the selector's first "
                              "candidates (an architecture that cannot be tuned here)")  # fmt: skip
@@ -214,22 +247,25 @@ def main(argv=None) -> None:
         return
     if not torch.cuda.is_available():
         sys.exit("tune_table.py measures on a CUDA GPU")
-    from lightning_attention.bench.machine import machine_info, machine_line
+    from lightning_attention.bench.machine import machine_info
 
     classes = [parse_class(c) for c in args.classes.split(",")] if args.classes else list(DEFAULT_CLASSES)
     major, minor = torch.cuda.get_device_capability()
     capability = major * 10 + minor
     info = machine_info("cuda")  # before the table changes the package's sources
-    command = "python benchmarks/tune_table.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = measuring_command(sys.argv[1:] if argv is None else argv)
+    results = args.results or f"benchmarks/results/{results_folder(info['gpu'])}/tune/tune_table.json"
     out = pathlib.Path(args.out) if args.out else TABLE_FOLDER / f"tuned_sm{capability}.py"
     tables = []  # the table as written after each class
 
     def write(times: dict, candidates: dict) -> None:
         table = choose(times, candidates, args.tie)
         tables.append(table)
-        provenance = (f"Measured on {machine_line(info)}, source {info.get('source_sha256')} (git {info.get('git')}):\n"
-                      f"``{command.strip()}``; {len(table)} entries from {len(tables)} of {len(classes)} shape "
-                      f"classes.")
+        provenance = (
+            f"Measured on {gpu_line(info)}, the package of {info.get('git')} (source {info.get('source_sha256')}): "
+            f"``{command}``, each candidate timed by its call's kernels, {len(table)} entries from {len(tables)} of "
+            f"{len(classes)} shape classes; every timing in {results}."
+        )
         out.write_text(render(table, provenance, title=f"Launch configurations measured on sm_{capability}"))
         if args.json:
             rows = [{"key": list(k), "candidate": list(c), "ms": v} for k, by in times.items() for c, v in by.items()]

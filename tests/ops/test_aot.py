@@ -235,15 +235,18 @@ def _first(d, state_bytes=2, **kw):
 
 def test_walk_programs_per_sm_on_an_h100():
     """Programs per SM of the first configuration the plan tries (bf16, sm_90: 233,472 B of shared memory per SM),
-    with tensor descriptors as an H100 launches them: four stages at K = 128 hold 180 KB (one program), K = 64 is
-    bound by registers (two 4-warp programs of 255 registers), K = 256 runs one program."""
+    with tensor descriptors as an H100 launches them: two stages at K = 128 hold 98 KB (two programs; four stages
+    would hold 180 KB, one program), K = 64 is bound by registers (two 4-warp programs of 255 registers), K = 256 runs
+    one program."""
     from lightning_attention.ops.lightning.device import SHARED_PER_SM
     from lightning_attention.ops.lightning.kernels.configs import walk_programs_per_sm
 
     def per_sm(d):
         return walk_programs_per_sm(_first(d), d, 2, SHARED_PER_SM[90], tma=True)
 
-    assert (per_sm(64), per_sm(128), per_sm(256)) == (2, 1, 1)
+    assert (per_sm(64), per_sm(128), per_sm(256)) == (2, 2, 1)
+    four_stages = walk_programs_per_sm(_first(128, pin=(64, 64, 4, 4)), 128, 2, SHARED_PER_SM[90], tma=True)
+    assert four_stages == 1
 
 
 def test_walk_first_config_tile_width_on_an_h100():

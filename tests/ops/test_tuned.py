@@ -176,6 +176,18 @@ def test_render_writes_a_module_that_reads_back(tune_table, tmp_path):
         tune_table.parse_class("fp32:1x2x3")
 
 
+def test_provenance_names_what_the_entries_depend_on(tune_table):
+    """The written module's docstring needs no hand edit: the GPU and its software without the run's time or the
+    baselines, the measuring command without the options that name outputs, the results folder of the GPU."""
+    info = {"gpu": "NVIDIA H200", "driver": "580.159.04", "cuda": "13.0", "torch": "2.11.0+cu130", "triton": "3.6.0",
+            "fla": "0.6.0", "date": "2026-01-01T00:00:00+00:00"}  # fmt: skip
+    assert tune_table.gpu_line(info) == "NVIDIA H200 | driver 580.159.04 | CUDA 13.0 | torch 2.11.0+cu130 | triton 3.6.0"
+    argv = ["--out", "/tmp/t.py", "--reps", "5", "--json=/tmp/t.json", "--results", "x.json", "--tie", "0.02"]
+    assert tune_table.measuring_command(argv) == "python benchmarks/tune_table.py --reps 5 --tie 0.02"
+    assert tune_table.results_folder("NVIDIA H200") == "h200"
+    assert tune_table.results_folder("NVIDIA H100 80GB HBM3") == "h100"
+
+
 def test_measure_pins_each_candidate_and_finds_the_fastest(tune_table, monkeypatch):
     """The measuring loop with the GPU replaced: a call plans the class's programs for an H100, and its time says
     which candidate each autotuned launch ran (the second one is faster for every key)."""

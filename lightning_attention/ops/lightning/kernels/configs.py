@@ -38,11 +38,12 @@ PREFERRED_BY_BK = {
     128: ((64, 64, 4, 3), (64, 64, 4, 2)),
     256: ((64, 64, 8, 2), (64, 64, 4, 1)),
 }
-# with tensor descriptors the walk holds no addresses in registers: one more stage fits at K = 128, and a 32-wide
-# value tile computing the scores once per warpgroup leads at K = 256
+# with tensor descriptors at K = 128, two stages (98,344 B of shared memory for bf16) let two programs share an SM,
+# each hiding the other's serial chunk chain, and lead four stages at one program per SM; a 32-wide value tile
+# computing the scores once per warpgroup leads at K = 256 (docs/kernels.md, "The tuned table")
 PREFERRED_BY_BK_TMA = {
     **PREFERRED_BY_BK,
-    128: ((64, 64, 4, 4), (64, 64, 4, 3)),
+    128: ((64, 64, 4, 2), (64, 64, 4, 4)),
     256: ((64, 32, 4, 3), (64, 64, 8, 2)),
 }
 
