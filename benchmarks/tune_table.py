@@ -84,9 +84,10 @@ def render(table: dict, provenance: str, title: str = "Launch configurations mea
         width=118, initial_indent="# ", subsequent_indent="# ", break_long_words=False)  # fmt: skip
     lines = (f"    {key!r}: {value!r},\n" for key, value in sorted(table.items(), key=repr))
     entries = "".join(line if len(line) <= 121 else line.replace(": (", ":\n        (", 1) for line in lines)
+    paragraph = textwrap.fill(provenance, 120, break_on_hyphens=False, break_long_words=False)  # paths stay whole
     return (
         f'"""{title} (read through\n'
-        f":mod:`lightning_attention.ops.lightning.kernels.tuned`).\n\n{textwrap.fill(provenance, 120)}\n"
+        f":mod:`lightning_attention.ops.lightning.kernels.tuned`).\n\n{paragraph}\n"
         f'"""\n\n'
         f"MEASURED = {measured}  # timed on a GPU of this architecture (False: the selector's first candidates)\n\n"
         f"{comment}\n"

@@ -239,24 +239,31 @@ class SegmentPlan:
     seq_segs: tuple[int, ...] | None = None
 
 
-def walk_first(problem: ChunkProblem, DK: int, DV: int, tma: bool):
-    """The main walk's first configuration (what the autotuner tries first) for head dims (DK, DV)."""
+def walk_options(problem: ChunkProblem, DK: int, DV: int, tma: bool) -> tuple:
+    """The main walk's candidate configurations for head dims (DK, DV), the selector's first (what the autotuner
+    tries first) leading."""
     state_bytes = state_operand_bytes(inter_precision(problem))
     return walk_candidates(
         DK, DV, problem.q.element_size(), problem.device.shared_per_block, state_only=False, tma=tma,
         state_bytes=state_bytes, pin=pin(problem),
-    )[0]  # fmt: skip
+    )  # fmt: skip
 
 
 def walk_slots(problem: ChunkProblem, DK: int, DV: int) -> tuple[int, int]:
-    """(walk programs the GPU runs at once, their value tile) for the main walk's first configuration: SMs × the
-    programs one SM holds (a grid of fewer leaves SMs idle, a grid of more runs in rounds), and the BV that sets a
-    grid's program count (cdiv(V, BV) per head)."""
+    """(walk programs the GPU runs at once, their value tile): SMs × the programs one SM holds of the candidate that
+    holds fewest (a grid of fewer leaves SMs idle, a grid of more runs in rounds), and the first candidate's BV, which
+    sets a grid's program count (cdiv(V, BV) per head).
+
+    The fewest, because the tuned table or the autotuner may launch any candidate: segments counted for two programs
+    per SM would run in two rounds under a candidate that holds one (K = 128 with descriptors: two stages hold two,
+    four stages one; docs/kernels.md, "The tuned table")."""
     device = problem.device
     tma = tma_enabled(device, problem.settings)
-    first = walk_first(problem, DK, DV, tma)
-    per_sm = walk_programs_per_sm(first, DK, problem.q.element_size(), device.shared_per_sm, tma)
-    return device.sm_count * per_sm, first.kwargs["BV"]
+    options = walk_options(problem, DK, DV, tma)
+    per_sm = min(
+        walk_programs_per_sm(config, DK, problem.q.element_size(), device.shared_per_sm, tma) for config in options
+    )
+    return device.sm_count * per_sm, options[0].kwargs["BV"]
 
 
 def fills_every_sm_once(DK: int, DV: int, programs: int, sms: int) -> bool:

@@ -291,8 +291,8 @@ def walk_candidates(
     DK: int, DV: int, elem_bytes: int, limit: int | None, *, state_only: bool, tma: bool, state_bytes: int,
     pin: tuple[int, int, int, int] | None = None,
 ) -> tuple[triton.Config, ...]:  # fmt: skip
-    """The configurations a walk launch may run, best first: the one selector, asked by the plan (its first entry
-    sets the occupancy the segment plan counts with; the autotuner times them all).
+    """The configurations a walk launch may run, best first: the one selector, asked by the plan (the entry that
+    holds fewest programs per SM sets the occupancy the segment plan counts with; the autotuner times them all).
 
     ``state_only``: the segment pre-pass (its own space, no head-dim preference). ``limit``: the device's shared
     memory per block. ``pin``: (BT, BV, num_warps, num_stages) to run instead of the space (still clamped and
@@ -308,14 +308,14 @@ def walk_candidates(
     )  # fmt: skip
 
 
-def walk_programs_per_sm(first: triton.Config, DK: int, elem_bytes: int, sm_shared: int, tma: bool) -> int:
-    """How many programs of the walk configuration ``first`` one SM runs at once, bounded by shared memory
+def walk_programs_per_sm(config: triton.Config, DK: int, elem_bytes: int, sm_shared: int, tma: bool) -> int:
+    """How many programs of the walk configuration ``config`` one SM runs at once, bounded by shared memory
     (``sm_shared`` bytes per SM) and by registers. On an H100, bf16: K = 128 with three or four stages 1, with two
     or one 2 (by registers); K = 64 2; K = 256 1."""
-    BT, BV = first.kwargs["BT"], first.kwargs["BV"]
-    shared = estimate_resident_shared_bytes(BT, walk_tile(DK), BV, first.num_stages, elem_bytes, tma)
+    BT, BV = config.kwargs["BT"], config.kwargs["BV"]
+    shared = estimate_resident_shared_bytes(BT, walk_tile(DK), BV, config.num_stages, elem_bytes, tma)
     by_shared = sm_shared // (shared + RESERVED_SHARED_PER_BLOCK)
-    by_registers = REGISTERS_PER_SM // (first.num_warps * 32 * WALK_REGISTERS_PER_THREAD)
+    by_registers = REGISTERS_PER_SM // (config.num_warps * 32 * WALK_REGISTERS_PER_THREAD)
     return max(1, min(by_shared, by_registers))
 
 
