@@ -234,7 +234,7 @@ def _first(d, state_bytes=2, **kw):
 
 
 def test_walk_programs_per_sm_on_an_h100():
-    """Programs per SM of the first configuration the plan tries (bf16, sm_90: 233,472 B of shared memory per SM),
+    """Programs per SM of the main walk's first candidate (bf16, sm_90: 233,472 B of shared memory per SM),
     with tensor descriptors as an H100 launches them: two stages at K = 128 hold 98 KB (two programs; four stages
     would hold 180 KB, one program), K = 64 is bound by registers (two 4-warp programs of 255 registers), K = 256 runs
     one program."""

@@ -127,6 +127,18 @@ def test_auto_backward_picks_recompute_below_128kb_of_shared_memory():
 # the plans of the benchmark grids on an H100
 
 
+def test_slots_count_the_candidate_that_holds_fewest_programs_per_sm():
+    """K = 128 with descriptors offers two stages (two programs per SM) and four (one): the plan counts one, so that
+    a segmented grid runs in one round whichever the table or the autotuner launches; pinned to two stages, two.
+    K = 64's candidates both hold two."""
+    assert plan.walk_slots(problem(), 128, 128) == (H100.sm_count, 64)
+    assert plan.walk_slots(problem(kernel_config=settings.KernelPin(64, 64, 4, 2)), 128, 128) == (2 * H100.sm_count, 64)
+    assert plan.walk_slots(problem(K=64, V=64), 64, 64) == (2 * H100.sm_count, 64)
+    # counted at two per SM, 4 x 16K would be cut in two segments per sequence (256 programs and a pre-pass)
+    assert not plan.plan_segments(problem(B=4, T=16384)).segmented
+    assert plan.plan_segments(problem(B=4, T=16384, kernel_config=settings.KernelPin(64, 64, 4, 2))).segmented
+
+
 @pytest.mark.parametrize(
     "B, T, segments",
     [(64, 1024, 0), (8, 8192, 0), (4, 16384, 0), (2, 32768, 4), (1, 65536, 4)],
