@@ -16,9 +16,12 @@ gradient: what a user of inference pays) or ``fwd+bwd`` (the forward on inputs t
   the second call (more than after the first: the second call compiled too).
 
 Inputs: q, k, v, do ``[B, T, H, D]`` from ``torch.randn`` in the cell's dtype (B x T x H = 4 x 2048 x 16 unless
-``--shape`` says otherwise), decay ``tnl_slopes(H, 0, 2)``. ``--parallel N`` runs N cells at once: a compile is
-CPU-bound and runs on one thread of its process, so on a machine with a few times N cores the numbers barely move
-(the autotuner's timings and the warm calls then share the GPU); the JSON and the table record N. A cell past ``--timeout-s`` is recorded as
+``--shape`` says otherwise), decay ``tnl_slopes(H, 0, 2)``. A first call compiles its kernels (a fwd+bwd: the
+backward's with the forward's) at once in threads of its process (``ops/lightning/compile_ahead.py``);
+``--compile-ahead off`` sets ``LIGHTNING_ATTENTION_COMPILE_AHEAD=0`` in every cell, so each kernel compiles at its
+first launch, one after another (the A/B of that). ``--parallel N`` runs N cells at once: compiles are CPU-bound, so
+on a machine with a few times N cores the numbers move little (the autotuner's timings and the warm calls then share
+the GPU); the JSON and the table record N and the compile-ahead setting. A cell past ``--timeout-s`` is recorded as
 timed out (its process group killed), a failed one with its exit status and the tail of its stderr. The slowest
 cells (float32, then fwd+bwd) start first, so that with ``--parallel`` the run ends soonest. ``cold_start.json``
 and ``cold_start.md`` (rows dtype × class, columns head dims, first-call seconds against the 15 s target) are
@@ -111,10 +114,11 @@ def run_cell(spec: dict) -> dict:
     }
 
 
-def cell_environment(device: str, cache_dir: str) -> dict:
-    """The environment of a cell's process: this one's, with the cell's own Triton cache, and on CPU the Triton
-    backend under the interpreter (on CUDA the interpreter stays off even when this process has it on)."""
-    env = dict(os.environ, TRITON_CACHE_DIR=cache_dir)
+def cell_environment(device: str, cache_dir: str, compile_ahead: bool = True) -> dict:
+    """The environment of a cell's process: this one's, with the cell's own Triton cache and the compile-ahead
+    setting, and on CPU the Triton backend under the interpreter (on CUDA the interpreter stays off even when this
+    process has it on)."""
+    env = dict(os.environ, TRITON_CACHE_DIR=cache_dir, LIGHTNING_ATTENTION_COMPILE_AHEAD=str(int(compile_ahead)))
     if device == "cpu":
         env.update(TRITON_INTERPRET="1", LIGHTNING_ATTENTION_BACKEND="triton")
     else:
@@ -133,7 +137,8 @@ def measure_cell(spec: dict, timeout_s: float) -> dict:
     # a process group of its own (start_new_session): a timeout kills the whole group, Triton's compiler processes
     # included
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=cell_environment(spec["device"], cache_dir), start_new_session=True)  # fmt: skip
+                            env=cell_environment(spec["device"], cache_dir, spec["compile_ahead"]),
+                            start_new_session=True)  # fmt: skip
     try:
         out, err = proc.communicate(timeout=timeout_s)
         record.update(status="ok" if proc.returncode == 0 else "failed", rc=proc.returncode)
@@ -195,8 +200,9 @@ def markdown(doc: dict) -> str:
     )  # fmt: skip
     setup = (
         f"B = {shape['B']}, T = {shape['T']}, H = {shape['H']}, K = V = head dim, on {config['device']}; every cell "
-        f"in its own process with its own empty Triton cache, {config['parallel']} at once. Seconds of the first "
-        f"call (compile, autotune and run), ✓ within the {config['target_s']:g} s target:"
+        f"in its own process with its own empty Triton cache, {config['parallel']} at once; "
+        f"{ahead_text(config.get('compile_ahead', False))}. Seconds of the first call (compile, autotune and run), "
+        f"✓ within the {config['target_s']:g} s target:"
     )
     legend = (
         "Per cell: seconds of the first and the second call, of importing the package (after torch) and torch, "
@@ -209,6 +215,13 @@ def markdown(doc: dict) -> str:
         lines += ["Cells that did not finish (the JSON keeps the tail of their stderr):", ""]
         lines += [f"- {r['dtype']} K = {r['head_dim']} {r['class']}: {last_line(r)}" for r in failures] + [""]
     return "\n".join(lines)
+
+
+def ahead_text(compile_ahead: bool) -> str:
+    """How the cells' first calls compiled (runs from before the setting existed compiled one by one)."""
+    if compile_ahead:
+        return "a first call compiles its kernels (a fwd+bwd: the backward's too) at once, in threads"
+    return "each kernel compiled at its first launch, one after another"
 
 
 def last_line(record: dict) -> str:
@@ -230,6 +243,8 @@ def main() -> int:
     parser.add_argument("--target-s", type=float, default=TARGET_S, help="the first call's target (the table's ✓)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu: the Triton backend under the interpreter (compiles nothing)")  # fmt: skip
+    parser.add_argument("--compile-ahead", choices=("on", "off"), default="on",
+                        help="off: every kernel compiles at its first launch, one by one")  # fmt: skip
     parser.add_argument("--out", default=None, help="folder for cold_start.json and cold_start.md")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)  # one cell, in its own process
     args = parser.parse_args()
@@ -257,7 +272,8 @@ def main() -> int:
     info = machine_info(args.device)
     config = {"argv": sys.argv, "device": args.device, "shape": {"B": B, "T": T, "H": H}, "dtypes": dtypes,
               "head_dims": head_dims, "classes": classes, "parallel": args.parallel, "timeout_s": args.timeout_s,
-              "target_s": args.target_s, "slopes": f"tnl_slopes({H}, 0, 2)"}  # fmt: skip
+              "target_s": args.target_s, "slopes": f"tnl_slopes({H}, 0, 2)",
+              "compile_ahead": args.compile_ahead == "on"}  # fmt: skip
     doc = {"bench": "cold_start", "machine_line": machine_line(info), "machine": info, "config": config, "cells": []}
     out = pathlib.Path(args.out) if args.out else None
     if out is not None:
@@ -270,8 +286,8 @@ def main() -> int:
             (out / "cold_start.md").write_text(markdown(doc))
 
     t0 = time.perf_counter()
-    specs = [{"dtype": d, "head_dim": k, "class": c, "B": B, "T": T, "H": H, "device": args.device}
-             for d, k, c in cells(dtypes, head_dims, classes)]  # fmt: skip
+    specs = [{"dtype": d, "head_dim": k, "class": c, "B": B, "T": T, "H": H, "device": args.device,
+              "compile_ahead": config["compile_ahead"]} for d, k, c in cells(dtypes, head_dims, classes)]  # fmt: skip
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.parallel) as pool:
         futures = [pool.submit(measure_cell, spec, args.timeout_s) for spec in specs]
         for future in concurrent.futures.as_completed(futures):

@@ -28,6 +28,8 @@
 #             $SWEEP_CONFIGS: the autotuner's candidates by default)                        300
 # cold_start  first call of each dtype x head dim x (forward, fwd+bwd), each in its own process
 #             from an empty Triton cache, 4 at once                            $COLD_START_S or 420
+# cold_start_one_by_one  the same with every kernel compiled at its first launch, one by one
+#             (compile-ahead off: the A/B of compiling a call's kernels at once)  $COLD_START_S or 420
 # ncu         Nsight Compute over one call per shape ($NCU_SHAPES), then its text pages      420 + 440
 # guard       this package against the one in .old/, alternating, 3 runs each ($GUARD_REPS,
 #             $GUARD_OLD_COMMIT / $GUARD_NEW_COMMIT label the packages in guard.md)           560
@@ -115,6 +117,8 @@ for stage in ${stages//,/ }; do
         # their JSON and table as they finish, and a cell past 240 s is recorded as timed out within the limit
         cold_start) run cold_start "${COLD_START_S:-420}" python3 benchmarks/cold_start.py --parallel 4 --timeout-s 240 \
                         --out "$res/cold_start" ;;
+        cold_start_one_by_one) run cold_start_one_by_one "${COLD_START_S:-420}" python3 benchmarks/cold_start.py \
+                        --parallel 4 --timeout-s 240 --compile-ahead off --out "$res/cold_start_one_by_one" ;;
         # the report (gzipped) comes back beside results.tgz when it fits the 16 MiB a returned file may have
         ncu) ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -n 1)
              run ncu 420 "$ncu_bin" --profile-from-start off --clock-control none --set full --import-source no -f \

@@ -78,6 +78,9 @@ class Settings:
         direct_launch: compiled kernels launched directly once verified, instead of through Triton's launcher.
         tuned_table: autotuned launches take the configuration measured for their shape class on this GPU
             architecture where one is shipped (``kernels/tuned.py``), instead of autotuning.
+        compile_ahead: a problem's first call compiles all its kernels (and, when gradients are needed, its
+            backward's) at once in threads before launching (``ops/lightning/compile_ahead.py``), instead of each at
+            its first launch.
     """
 
     backend: str = "auto"
@@ -92,6 +95,7 @@ class Settings:
     tma: bool = True
     direct_launch: bool = True
     tuned_table: bool = True
+    compile_ahead: bool = True
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -141,7 +145,7 @@ def from_environment(environ: Mapping[str, str] = os.environ) -> Settings:
         if (text := get(name)) is not None:
             values[field] = _int(PREFIX + name, text)
     for name, field in (("DKDV", "fused_dkdv"), ("GLUON", "gluon"), ("TMA", "tma"), ("DIRECT_LAUNCH", "direct_launch"),
-                        ("TUNED_TABLE", "tuned_table")):
+                        ("TUNED_TABLE", "tuned_table"), ("COMPILE_AHEAD", "compile_ahead")):
         if (text := get(name)) is not None:
             values[field] = _flag(PREFIX + name, text)
     for name, field in (("BF16_INTER", "bf16_inter"), ("PRECISION", "precision")):

@@ -110,6 +110,17 @@ def test_cold_start_times_each_class_in_its_own_process(tmp_path):
     table = (tmp_path / "cold_start.md").read_text()
     assert "| dtype | class | K = 16 |" in table
     assert f"| float32 | fwd+bwd | {by_class['fwd+bwd']['cold_s']:.3g} ✓ |" in table
+    assert doc["config"]["compile_ahead"] is True and "at once, in threads" in table
+
+
+def test_cold_start_without_compiling_ahead(tmp_path):
+    """``--compile-ahead off``: the cells run with LIGHTNING_ATTENTION_COMPILE_AHEAD=0, and the JSON and the table say
+    so."""
+    proc = _cold_start(tmp_path, "--classes", "forward", "--compile-ahead", "off")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads((tmp_path / "cold_start.json").read_text())
+    assert doc["config"]["compile_ahead"] is False and doc["cells"][0]["status"] == "ok"
+    assert "compiled at its first launch, one after another" in (tmp_path / "cold_start.md").read_text()
 
 
 def test_cold_start_records_a_cell_that_times_out(tmp_path):

@@ -6,6 +6,10 @@ rounded inputs, forward and every gradient. Outputs are NaN-poisoned by tests/co
 B·H go through the segmented path (pre-pass + scan + walk) by themselves.
 """
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -254,3 +258,43 @@ def test_two_warpgroup_walk_against_float64_and_the_triton_walk(T, decay, scale,
     for name, a, b in zip(("o", "final_state", "dq", "dk", "dv", "dh0"), got, triton_walk):
         diff = ((a.double() - b.double()).norm() / b.double().norm()).item()
         assert diff < 5e-3, (name, diff)
+
+
+_FIRST_CALL = """
+import pathlib, sys, torch
+import lightning_attention as la
+cache = pathlib.Path(sys.argv[1])
+g = torch.Generator(device="cuda").manual_seed(0)
+q, k, v, do = (torch.randn(2, 4096, 4, 64, device="cuda", generator=g).bfloat16() for _ in range(4))
+for x in (q, k, v):
+    x.requires_grad_()
+o, _ = la.lightning_attn(q, k, v, la.tnl_slopes(4, 0, 2).cuda())
+torch.cuda.synchronize()
+after_forward = sum(1 for _ in cache.rglob("*.cubin"))
+(o.float() * do).sum().backward()
+torch.cuda.synchronize()
+after_backward = sum(1 for _ in cache.rglob("*.cubin"))
+torch.save([o.detach(), q.grad, k.grad, v.grad], cache / "values.pt")
+print(after_forward, after_backward)
+"""
+
+
+def test_first_fwd_bwd_compiles_the_backward_with_the_forward(tmp_path):
+    """From an empty Triton cache, in a process of its own, a segmented fwd+bwd (pre-pass, scan and walks): with
+    compile-ahead on, every kernel the backward launches is built during the forward call (ops/lightning/
+    compile_ahead.py); off, the backward builds its own. The values are bitwise the same either way."""
+    counts, values = {}, {}
+    for ahead in ("1", "0"):
+        cache = tmp_path / f"cache{ahead}"
+        cache.mkdir()
+        env = dict(os.environ, TRITON_CACHE_DIR=str(cache), LIGHTNING_ATTENTION_BACKEND="triton",
+                   LIGHTNING_ATTENTION_SEGMENT_LEN="1024", LIGHTNING_ATTENTION_COMPILE_AHEAD=ahead)  # fmt: skip
+        out = subprocess.run([sys.executable, "-c", _FIRST_CALL, str(cache)], env=env, capture_output=True, text=True,
+                             timeout=300, check=True)  # fmt: skip
+        counts[ahead] = tuple(int(n) for n in out.stdout.split()[-2:])
+        values[ahead] = torch.load(cache / "values.pt")
+    (forward_on, backward_on), (forward_off, backward_off) = counts["1"], counts["0"]
+    assert forward_on == backward_on == backward_off  # ahead: nothing left to build at the backward
+    assert forward_off < backward_off  # the check means something: the backward has kernels of its own
+    for a, b in zip(values["1"], values["0"]):
+        assert torch.equal(a, b)

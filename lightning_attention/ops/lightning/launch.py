@@ -130,8 +130,8 @@ class Launcher:
         self._runtime = None
         self._pre_run_hooks = getattr(self.jit, "pre_run_hooks", None)
         # Under TRITON_INTERPRET=1 the decorator returned an InterpretedFunction: nothing is compiled to reuse.
-        compiled = isinstance(self.jit, JITFunction)
-        self.disabled: str | None = None if compiled else "the kernel is not a compiled JITFunction (interpreter)"
+        self.compiles = isinstance(self.jit, JITFunction)
+        self.disabled: str | None = None if self.compiles else "the kernel is not a compiled JITFunction (interpreter)"
 
     def disable(self, reason: str) -> None:
         if self.disabled is None:
@@ -326,6 +326,23 @@ class Launcher:
             if not (a is b or (type(a) is type(b) and not isinstance(a, torch.Tensor) and a == b)):
                 return f"kernel argument {i} differs: Triton passed {a!r}, the fast path would pass {b!r}"
         return None
+
+    # -- compiling before the first launch ----------------------------------------------------------------------
+
+    def compile_ahead(self, grid, args: tuple, constexprs: dict, x: torch.Tensor) -> None:
+        """Compiles, without launching, what ``self(grid, args, constexprs, x)`` would launch (every candidate of an
+        autotuned kernel), through Triton's ``warmup``: inside a
+        :func:`~lightning_attention.ops.lightning.compile_ahead.compile_together` block the build runs in a thread
+        and this returns at once. Nothing to do for a CPU tensor, under the interpreter, or where this launcher's
+        entry for the key already holds a compiled kernel."""
+        index = x.get_device()  # -1 for a CPU tensor
+        if not self.compiles or (index < 0 and self.cuda_only):
+            return
+        entry = self.entries.get((index, specialization_key(args), *constexprs.items()))
+        if entry is not None and entry.compiled is not None:
+            return
+        with on_device_of(x):
+            self.kernel.warmup(*args, grid=grid, **constexprs)
 
     # -- bound launches -------------------------------------------------------------------------------------------
 

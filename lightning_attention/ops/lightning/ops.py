@@ -50,8 +50,8 @@ def _nothing(q: torch.Tensor) -> torch.Tensor:
 _INPUTS = "Tensor q, Tensor k, Tensor v"
 _OPTIONS = "Tensor? slope, Tensor? initial_state, Tensor? cu_seqlens, Tensor? cu_seqlens_cpu, float scale"
 _FORWARD_SCHEMA = (
-    f"({_INPUTS}, {_OPTIONS}, bool output_final_state, SymInt inter_chunk=0, bool save_states=True)"
-    " -> (Tensor, Tensor, Tensor)"
+    f"({_INPUTS}, {_OPTIONS}, bool output_final_state, SymInt inter_chunk=0, bool save_states=True,"
+    " bool prepare_backward=False) -> (Tensor, Tensor, Tensor)"
 )
 _BACKWARD_SCHEMA = (
     f"({_INPUTS}, Tensor do, Tensor? dht, {_OPTIONS}, SymInt inter_chunk=0, Tensor? fwd_states=None)"
@@ -79,7 +79,7 @@ def _segment_count(q, v, inter_chunk: int) -> int:
 
 def _chunk_fwd_fake(
     q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk=0,
-    save_states=True,
+    save_states=True, prepare_backward=False,
 ):  # fmt: skip
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -92,19 +92,20 @@ def _chunk_fwd_fake(
 
 @triton_op("chunk_fwd", fake=_chunk_fwd_fake, schema=_FORWARD_SCHEMA)
 def chunk_fwd(q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk=0,
-              save_states=True):  # fmt: skip
+              save_states=True, prepare_backward=False):  # fmt: skip
     """Forward operator: (o [B, T, H, V], final_state [N, H, K, V] or an empty [0] tensor if not requested, segment
     states [NSEG, H, K, V] for the backward or an empty [0] tensor).
 
     Segment states are returned for fixed-length batches only, and only with ``save_states`` (their count is a
     function of the shapes and the GPU, which the fake computes; a varlen plan depends on the offsets' values).
-    ``inter_chunk`` > 0: the inter-only mode (o without its intra-chunk term, chunks of that many tokens). On CPU
-    tensors (Triton's interpreter) a dtype the interpreter cannot compute raises NotImplementedError
+    ``inter_chunk`` > 0: the inter-only mode (o without its intra-chunk term, chunks of that many tokens).
+    ``prepare_backward``: ``chunk_bwd`` follows in the input dtype (a first call compiles its kernels with these). On
+    CPU tensors (Triton's interpreter) a dtype the interpreter cannot compute raises NotImplementedError
     (:mod:`~lightning_attention.ops.lightning.interpreter`)."""
     check_interpreter_dtype(q)
     o, ht, states = chunk_forward(
         last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v), _slope32(slope), initial_state,
-        cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk,
+        cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk, prepare_backward and save_states,
     )  # fmt: skip
     if states is None or cu_seqlens is not None or not save_states:
         states = _nothing(q)
@@ -157,6 +158,15 @@ def recompute_bwd(q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_seqlens
 # autograd
 
 
+def _chunk_backward_follows(ctx, q: torch.Tensor, backward: str, inter_chunk: int) -> bool:
+    """Whether :meth:`LightningAttnFunction.backward` will run ``chunk_bwd`` in the input dtype: some input needs a
+    gradient, the recompute backward is not picked, and no learned slope sends it to float32."""
+    needs = ctx.needs_input_grad
+    if not any(needs[:5]) or (needs[3] and q.element_size() < 4):
+        return False
+    return bool(inter_chunk) or not use_recompute_backward(backward, device_info(q.device))
+
+
 class LightningAttnFunction(torch.autograd.Function):
     """Autograd over the operators. Saves the inputs and, for segmented plans, the forward's segment states (<= 25%
     of one input): the backward recomputes everything else, walk by walk. The slope's gradient, when it is wanted,
@@ -172,7 +182,7 @@ class LightningAttnFunction(torch.autograd.Function):
         save_states = not torch.compiler.is_compiling()
         o, ht, seg_states = chunk_fwd(
             q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk,
-            save_states,
+            save_states, save_states and _chunk_backward_follows(ctx, q, backward, inter_chunk),
         )  # fmt: skip
         ctx.save_for_backward(q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, seg_states)
         ctx.scale = scale

@@ -9,7 +9,9 @@ call costs its allocations and launches, not the planning (docs/kernels.md, "Hos
 
 Programs are built by :mod:`lightning_attention.ops.lightning.run` from the launch builders' view of tensors: a
 :class:`Ref` (slot and :class:`~lightning_attention.ops.lightning.plan.TensorSpec`), which answers what the
-builders ask of a tensor (shape, strides, dtype, alignment).
+builders ask of a tensor (shape, strides, dtype, alignment). A program keeps every slot's spec, so its kernels can be
+compiled before its first call from stand-in tensors (:meth:`Program.compile_ahead`,
+:mod:`~lightning_attention.ops.lightning.compile_ahead`).
 """
 
 import torch
@@ -60,6 +62,13 @@ class _Launch:
         self.constexprs, self.x = constexprs, x
         self.bound = None
 
+    def arguments(self, values: list) -> tuple:
+        """The launch's run-time arguments with the tensors of ``values`` (one per slot) in their places."""
+        args = self.consts.copy()
+        for i, slot in self.tensors:
+            args[i] = values[slot]
+        return tuple(args)
+
     def run(self, values: list) -> None:
         x = values[self.x]
         bound = self.bound
@@ -69,20 +78,21 @@ class _Launch:
                 args[i] = values[slot].data_ptr() if bound.pointers else values[slot]
             if bound(tuple(args), x):
                 return
-        args = self.consts.copy()
-        for i, slot in self.tensors:
-            args[i] = values[slot]
-        args = tuple(args)
+        args = self.arguments(values)
         self.launcher(self.grid, args, self.constexprs, x)
         self.bound = self.launcher.bind(self.grid, args, self.constexprs, x)
 
 
 class Program:
     """The steps of one problem (module docstring). Call it with the problem's input tensors (None where the problem
-    has none; the first, q, is never None) to get its outputs."""
+    has none; the first, q, is never None) to get its outputs. ``specs``: each slot's spec (None: an absent input).
+    ``compiled_ahead``: whether :func:`~lightning_attention.ops.lightning.compile_ahead.compile_together` has had
+    this program (its kernels are then compiled, or were left to their first launch)."""
 
-    def __init__(self, num_inputs: int, num_slots: int, steps: list, outputs: tuple):
+    def __init__(self, num_inputs: int, num_slots: int, steps: list, outputs: tuple, specs: tuple):
         self.num_inputs, self.num_slots, self.steps, self.outputs = num_inputs, num_slots, steps, outputs
+        self.specs = specs
+        self.compiled_ahead = False
         self._constants: dict[tuple, torch.Tensor] = {}
 
     @property
@@ -111,6 +121,22 @@ class Program:
                 step[1]()
         return tuple(values[o] if o is not None else None for o in self.outputs)
 
+    def output_spec(self, index: int) -> TensorSpec | None:
+        """The spec of output ``index`` (None when the program returns None there)."""
+        slot = self.outputs[index]
+        return None if slot is None else self.specs[slot]
+
+    def compile_ahead(self, device: torch.device) -> None:
+        """Hands every launch to its launcher's :meth:`~lightning_attention.ops.lightning.launch.Launcher.compile_ahead`
+        (compile without launching), each tensor replaced by a stand-in on ``device`` with its slot's dtype and
+        alignment: all that Triton specialises a kernel on, so the kernels built are the ones the calls will launch.
+        Nothing is allocated at the slots' sizes and nothing runs on the GPU."""
+        values = [None if spec is None else _stand_in(spec, device) for spec in self.specs]
+        for step in self.steps:
+            if step[0] == "launch":
+                launch = step[1]
+                launch.launcher.compile_ahead(launch.grid, launch.arguments(values), launch.constexprs, values[launch.x])
+
     def _constant(self, step: tuple, device: torch.device) -> torch.Tensor:
         """A small table made on ``device`` once and kept (read-only: safe across streams and graphs); copied without
         a host sync."""
@@ -127,44 +153,46 @@ class ProgramBuilder:
 
     def __init__(self):
         self.steps: list = []
-        self.num_slots = 0
+        self.specs: list[TensorSpec | None] = []  # per slot
         self.num_inputs = 0
         self.refs: dict[str, Ref | None] = {}  # named tensors of the program (its inputs, shared tables)
         self._calls: set = set()
 
-    def _slot(self) -> int:
-        self.num_slots += 1
-        return self.num_slots - 1
+    @property
+    def num_slots(self) -> int:
+        return len(self.specs)
+
+    def _slot(self, spec: TensorSpec | None) -> Ref | None:
+        """A new slot holding a tensor of ``spec`` (None: an absent input, whose slot stays empty)."""
+        self.specs.append(spec)
+        return None if spec is None else Ref(len(self.specs) - 1, spec)
 
     def input(self, spec: TensorSpec | None) -> Ref | None:
         """The next input of the program (``None``: the problem has no such tensor; its slot stays empty)."""
         assert self.num_inputs == self.num_slots, "inputs come before every other slot"
-        slot = self._slot()
         self.num_inputs += 1
-        return None if spec is None else Ref(slot, spec)
+        return self._slot(spec)
 
     def alloc(self, shape: tuple[int, ...], dtype: torch.dtype) -> Ref:
         """A new contiguous tensor (``torch.empty``)."""
-        slot = self._slot()
-        self.steps.append(("alloc", slot, tuple(shape), dtype))
-        return Ref(slot, TensorSpec.contiguous(tuple(shape), dtype))
+        ref = self._slot(TensorSpec.contiguous(tuple(shape), dtype))
+        self.steps.append(("alloc", ref.slot, tuple(shape), dtype))
+        return ref
 
     def narrow(self, base: Ref, dim: int, start: int, length: int) -> Ref:
         """``base.narrow(dim, start, length)``: a view, aligned when the base is and the offset is 16 bytes."""
         s = base.spec
         offset_bytes = start * s.strides[dim] * s.element_size()
         shape = (*s.shape[:dim], length, *s.shape[dim + 1 :])
-        spec = TensorSpec(shape, s.strides, s.dtype, s.aligned and offset_bytes % 16 == 0)
-        slot = self._slot()
-        self.steps.append(("narrow", slot, base.slot, dim, start, length))
-        return Ref(slot, spec)
+        ref = self._slot(TensorSpec(shape, s.strides, s.dtype, s.aligned and offset_bytes % 16 == 0))
+        self.steps.append(("narrow", ref.slot, base.slot, dim, start, length))
+        return ref
 
     def constant(self, data: tuple, dtype: torch.dtype) -> Ref:
         """A small tensor of fixed values (e.g. a segment table), made on the device once per program."""
-        slot = self._slot()
-        shape = tuple(torch.tensor(data, dtype=dtype).shape)
-        self.steps.append(("const", slot, data, dtype))
-        return Ref(slot, TensorSpec.contiguous(shape, dtype))
+        ref = self._slot(TensorSpec.contiguous(tuple(torch.tensor(data, dtype=dtype).shape), dtype))
+        self.steps.append(("const", ref.slot, data, dtype))
+        return ref
 
     def launch(self, launcher, grid, args: tuple, constexprs: dict, x: Ref) -> None:
         """``launcher(grid, args, constexprs, x)`` with every :class:`Ref` in ``args`` replaced by its tensor."""
@@ -195,7 +223,14 @@ class ProgramBuilder:
             steps.append(step)
             if n in frees:
                 steps.append(("free", tuple(frees[n])))
-        return Program(self.num_inputs, self.num_slots, steps, out)
+        return Program(self.num_inputs, self.num_slots, steps, out, tuple(self.specs))
+
+
+def _stand_in(spec: TensorSpec, device: torch.device) -> torch.Tensor:
+    """A two-element tensor of ``spec``'s dtype on ``device``, 16-byte aligned or, where ``spec`` is not, one element
+    past an aligned allocation (2 to 8 bytes off: never a multiple of 16)."""
+    x = torch.empty(2, dtype=spec.dtype, device=device)
+    return x if spec.aligned else x[1:]
 
 
 def _slots(step: tuple) -> list[int]:

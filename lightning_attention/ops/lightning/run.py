@@ -15,7 +15,9 @@ turns them into incoming states, and the walk then runs all segments in parallel
 are their transposes; the reverse-time ones live for their pass only. Nothing per chunk is ever written to memory.
 
 :func:`forward_program` and :func:`backward_program` build a problem's launches once (cached per problem);
-:func:`chunk_forward` and :func:`chunk_backward` run them on a call's tensors.
+:func:`chunk_forward` and :func:`chunk_backward` run them on a call's tensors. A problem's first call compiles all of
+its kernels at once, a forward that will be differentiated its backward's too
+(:mod:`~lightning_attention.ops.lightning.compile_ahead`).
 """
 
 import functools
@@ -23,6 +25,7 @@ import functools
 import torch
 
 from lightning_attention import settings
+from lightning_attention.ops.lightning.compile_ahead import compile_together
 from lightning_attention.ops.lightning.device import device_info
 from lightning_attention.ops.lightning.launches import dkdv_launch, forget_autotuned, segmented_states, walk_launch
 from lightning_attention.ops.lightning.naive import compute_dtype
@@ -151,6 +154,27 @@ def _key(q, k, v, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, final_state, int
     )  # fmt: skip
 
 
+def _expected_backward_key(forward_key: tuple, states: TensorSpec | None) -> tuple:
+    """The program key of the backward that follows a forward of ``forward_key`` when the autograd Function runs the
+    chunk backward in the input dtype: the same inputs, dh0 wanted where h0 was given, ``do`` contiguous like ``o``,
+    ``dht`` a contiguous float32 state where the forward returned the final state (its gradient comes as None, and the
+    guess misses, when the loss does not use it), and the forward's segment states ``states`` for fixed-length
+    batches."""
+    q, k, v, num_seqs, offsets, has_slope, h0, final_state, scale, inter_chunk, index, config, *_ = forward_key
+
+    def contiguous(spec: TensorSpec) -> tuple:
+        return spec.shape, spec.strides, spec.dtype, True
+
+    B, T, H, K = q[0]
+    V = v[0][-1]
+    N = B if num_seqs is None else num_seqs
+    do = contiguous(TensorSpec.contiguous((B, T, H, V), q[2]))
+    dht = contiguous(TensorSpec.contiguous((N, H, K, V), torch.float32)) if final_state else None
+    fwd_states = None if states is None or num_seqs is not None else contiguous(states)
+    return (q, k, v, num_seqs, offsets, has_slope, h0, h0 is not None, scale, inter_chunk, index, config, do, dht,
+            fwd_states)  # fmt: skip
+
+
 def _problem(key: tuple) -> ChunkProblem:
     """The :class:`ChunkProblem` of a program key (:func:`_key`)."""
     q, k, v, num_seqs, offsets, has_slope, h0, final_state, scale, inter_chunk, index, config, do, dht, states = key
@@ -182,12 +206,15 @@ def _backward_program(key: tuple) -> Program:
     return backward_program(_problem(key))
 
 
-def chunk_forward(q, k, v, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk=0):
+def chunk_forward(q, k, v, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk=0,
+                  prepare_backward=False):  # fmt: skip
     """(o [B, T, H, V] in q.dtype, final state [N, H, K, V] or None, segment states or None). Inputs validated.
 
     The segment states ([NSEG, H, K, V] fp32, the incoming state of every segment; None unless the plan is
     segmented) are what the backward's dq walk needs as its own incoming states, transposed. ``inter_chunk`` > 0:
-    o without its intra-chunk term, chunks of that many tokens from each sequence start."""
+    o without its intra-chunk term, chunks of that many tokens from each sequence start. ``prepare_backward``: the
+    chunk backward of this call will follow (in the input dtype, given the segment states): its first call compiles
+    the backward's kernels with the forward's."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     if T == 0 or B * H == 0:  # no token: the final state is h0
@@ -199,7 +226,13 @@ def chunk_forward(q, k, v, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, output_
             ht = h0.to(sdt, copy=True) if h0 is not None else q.new_zeros(N, H, K, V, dtype=sdt)
         return o, ht, None
     key = _key(q, k, v, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk)
-    return _forward_program(key)(q, k, v, slope, h0, cu_seqlens)
+    program = _forward_program(key)
+    if not program.compiled_ahead:
+        programs = [program]
+        if prepare_backward:
+            programs.append(_backward_program(_expected_backward_key(key, program.output_spec(2))))
+        compile_together(programs, q.device)
+    return program(q, k, v, slope, h0, cu_seqlens)
 
 
 def chunk_backward(
@@ -219,7 +252,10 @@ def chunk_backward(
             dh0 = dht.to(sdt, copy=True) if dht is not None else q.new_zeros(N, H, K, V, dtype=sdt)
         return q.new_empty(q.shape), q.new_empty(q.shape), v.new_empty(v.shape), dh0
     key = _key(q, k, v, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, need_dh0, inter_chunk, do, dht, fwd_states)
-    return _backward_program(key)(q, k, v, do, dht, slope, h0, cu_seqlens, fwd_states)
+    program = _backward_program(key)
+    if not program.compiled_ahead:
+        compile_together([program], q.device)
+    return program(q, k, v, do, dht, slope, h0, cu_seqlens, fwd_states)
 
 
 def clear_programs() -> None:
