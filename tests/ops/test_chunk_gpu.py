@@ -282,7 +282,9 @@ print(after_forward, after_backward)
 def test_first_fwd_bwd_compiles_the_backward_with_the_forward(tmp_path):
     """From an empty Triton cache, in a process of its own, a segmented fwd+bwd (pre-pass, scan and walks): with
     compile-ahead on, every kernel the backward launches is built during the forward call (ops/lightning/
-    compile_ahead.py); off, the backward builds its own. The values are bitwise the same either way."""
+    compile_ahead.py); off, the backward builds its own. Built ahead, an autotuned launch builds every candidate
+    even where the launch will reuse the tuning of another launch with the same tuning key (which then builds only
+    the winner): at least as many kernels, never fewer. The values are bitwise the same either way."""
     counts, values = {}, {}
     for ahead in ("1", "0"):
         cache = tmp_path / f"cache{ahead}"
@@ -294,7 +296,7 @@ def test_first_fwd_bwd_compiles_the_backward_with_the_forward(tmp_path):
         counts[ahead] = tuple(int(n) for n in out.stdout.split()[-2:])
         values[ahead] = torch.load(cache / "values.pt")
     (forward_on, backward_on), (forward_off, backward_off) = counts["1"], counts["0"]
-    assert forward_on == backward_on == backward_off  # ahead: nothing left to build at the backward
+    assert forward_on == backward_on >= backward_off  # ahead: nothing left to build at the backward
     assert forward_off < backward_off  # the check means something: the backward has kernels of its own
     for a, b in zip(values["1"], values["0"]):
         assert torch.equal(a, b)

@@ -14,7 +14,9 @@ call runs and its launches find their kernels built. A forward whose inputs need
 program as well (``run.chunk_forward``), so the backward's kernels build while the forward's do.
 
 Only the first call of a problem does this (``Program.compiled_ahead``), and a launch whose kernel a launcher already
-holds adds nothing to the block. A build that fails in a thread is left to fail again, the same way, at its launch.
+holds adds nothing to the block. An autotuned launch builds every candidate, also where it will reuse the tuning of
+an earlier launch with the same tuning key (which then launches only the winner): a few builds more than needed, in
+threads that would otherwise wait. A build that fails in a thread is left to fail again, the same way, at its launch.
 The ``compile_ahead`` setting off (``LIGHTNING_ATTENTION_COMPILE_AHEAD=0``), an older Triton, CPU tensors (the
 interpreter compiles nothing), CUDA-graph capture and a block of the caller's own leave every build to its first
 launch, as Triton does.
