@@ -199,12 +199,12 @@ def write_first_candidates(capability: int, sm_count: int, out: str | None) -> N
 
 def gpu_line(info: dict) -> str:
     """The GPU and the software that set its timings, e.g. ``NVIDIA H200 | driver 580.159.04 | CUDA 13.0 | torch
-    2.11.0+cu130 | triton 3.6.0`` (:func:`~lightning_attention.bench.machine.machine_line` without the baselines and
-    the time of the run: the table's docstring holds only what its entries depend on)."""
-    return " | ".join(
-        (info["gpu"], f"driver {info.get('driver')}", f"CUDA {info.get('cuda')}", f"torch {info['torch']}",
-         f"triton {info.get('triton')}")
-    )  # fmt: skip
+    2.11.0+cu130 | triton 3.6.0``: the first five fields of a GPU's
+    :func:`~lightning_attention.bench.machine.machine_line`, without the baselines and the time of the run (the
+    table's docstring holds only what its entries depend on)."""
+    from lightning_attention.bench.machine import machine_line
+
+    return " | ".join(machine_line(info).split(" | ")[:5])
 
 
 def measuring_command(argv: list[str]) -> str:
