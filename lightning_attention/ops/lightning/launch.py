@@ -164,7 +164,7 @@ class Launcher:
         exact = self._exact_key(device, args, constants)
         entry = self.aliases.get(exact)
         if entry is None:
-            key = (device, specialization_key(args), *constants)
+            key = self._key(device, args, constants)
             entry = self.entries.get(key)
             if entry is None:
                 if len(self.entries) >= self.max_entries:
@@ -174,6 +174,11 @@ class Launcher:
                 self.aliases.clear()
             self.aliases[exact] = entry
         self._launch(entry, grid, args, device)
+
+    @staticmethod
+    def _key(device: int, args: tuple, constants: tuple) -> tuple:
+        """The entry's key: the device, what Triton specialises the arguments on, the constexprs."""
+        return (device, specialization_key(args), *constants)
 
     def _exact_key(self, device: int, args: tuple, constants: tuple) -> tuple:
         n = self.num_tensors
@@ -338,7 +343,7 @@ class Launcher:
         index = x.get_device()  # -1 for a CPU tensor
         if not self.compiles or (index < 0 and self.cuda_only):
             return
-        entry = self.entries.get((index, specialization_key(args), *constexprs.items()))
+        entry = self.entries.get(self._key(index, args, tuple(constexprs.items())))
         if entry is not None and entry.compiled is not None:
             return
         with on_device_of(x):

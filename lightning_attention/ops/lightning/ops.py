@@ -1,5 +1,6 @@
 """The Triton path's entry points: :func:`lightning_attention.lightning_attn`'s ``torch.library`` operators and
-autograd, and the decode step (:func:`~lightning_attention.ops.lightning.decode_triton.decode_step_triton`, re-exported).
+autograd, and the decode step (:func:`~lightning_attention.ops.lightning.decode_triton.decode_step_triton`,
+re-exported).
 
 Three operators (:mod:`~lightning_attention.ops.lightning.library`): ``chunk_fwd`` and ``chunk_bwd`` run the chunk
 programs (:mod:`~lightning_attention.ops.lightning.run`), ``recompute_bwd`` the SRAM-bounded backward
@@ -11,13 +12,14 @@ after validating their inputs.
 import torch
 
 from lightning_attention import settings
+from lightning_attention.backend import plain_eager
 from lightning_attention.ops.lightning import naive
 from lightning_attention.ops.lightning.decay_grad import slope_gradient
 from lightning_attention.ops.lightning.decode_triton import decode_step_triton  # noqa: F401  (an entry point)
 from lightning_attention.ops.lightning.naive import compute_dtype
 from lightning_attention.ops.lightning.device import device_info
 from lightning_attention.ops.lightning.interpreter import check_interpreter_dtype
-from lightning_attention.ops.lightning.library import last_dim_contiguous, triton_op
+from lightning_attention.ops.lightning.library import last_dim_contiguous, on_device_of, triton_op
 from lightning_attention.ops.lightning.offsets import offsets_for
 from lightning_attention.ops.lightning.plan import (
     MAX_HEAD_DIM,
@@ -27,7 +29,7 @@ from lightning_attention.ops.lightning.plan import (
     use_recompute_backward,
 )
 from lightning_attention.ops.lightning.recompute import recompute_backward
-from lightning_attention.ops.lightning.run import chunk_backward, chunk_forward
+from lightning_attention.ops.lightning.run import chunk_backward, chunk_forward_prepared
 
 
 def _num_seqs(q: torch.Tensor, cu_seqlens: torch.Tensor | None) -> int:
@@ -90,6 +92,20 @@ def _chunk_fwd_fake(
     return o, ht, q.new_empty((segments, H, K, V) if segments else (0,), dtype=sdt)
 
 
+def _chunk_fwd(q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk,
+               save_states, prepare_backward):  # fmt: skip
+    """:func:`chunk_fwd`'s three outputs and, with ``prepare_backward`` and ``save_states``, the
+    :class:`~lightning_attention.ops.lightning.run.PreparedBackward` of the chunk backward expected to follow."""
+    check_interpreter_dtype(q)
+    o, ht, states, prepared = chunk_forward_prepared(
+        last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v), _slope32(slope), initial_state,
+        cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk, prepare_backward and save_states,
+    )  # fmt: skip
+    if states is None or cu_seqlens is not None or not save_states:
+        states = _nothing(q)
+    return o, _nothing(q) if ht is None else ht, states, prepared
+
+
 @triton_op("chunk_fwd", fake=_chunk_fwd_fake, schema=_FORWARD_SCHEMA)
 def chunk_fwd(q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk=0,
               save_states=True, prepare_backward=False):  # fmt: skip
@@ -102,14 +118,10 @@ def chunk_fwd(q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, 
     ``prepare_backward``: ``chunk_bwd`` follows in the input dtype (a first call compiles its kernels with these). On
     CPU tensors (Triton's interpreter) a dtype the interpreter cannot compute raises NotImplementedError
     (:mod:`~lightning_attention.ops.lightning.interpreter`)."""
-    check_interpreter_dtype(q)
-    o, ht, states = chunk_forward(
-        last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v), _slope32(slope), initial_state,
-        cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk, prepare_backward and save_states,
-    )  # fmt: skip
-    if states is None or cu_seqlens is not None or not save_states:
-        states = _nothing(q)
-    return o, _nothing(q) if ht is None else ht, states
+    return _chunk_fwd(
+        q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk,
+        save_states, prepare_backward,
+    )[:3]  # fmt: skip
 
 
 # chunk_bwd and recompute_bwd (one schema: the autograd Function picks either). Both return (dq, dk, dv, dh0) of
@@ -158,32 +170,51 @@ def recompute_bwd(q, k, v, do, dht, slope, initial_state, cu_seqlens, cu_seqlens
 # autograd
 
 
+def _float32_backward(ctx, q: torch.Tensor) -> bool:
+    """A learned slope on 16-bit inputs: the backward runs in float32 then. The slope's gradient weighs every token's
+    q·dq - k·dk by its position, so the 16-bit walks' rounding, multiplied by the length, would swamp it
+    (decay_grad.py)."""
+    return ctx.needs_input_grad[3] and q.element_size() < 4
+
+
+def _recompute(backward: str, inter_chunk: int, q: torch.Tensor) -> bool:
+    """Whether the backward is the recompute one (never in the inter-only mode)."""
+    return not inter_chunk and use_recompute_backward(backward, device_info(q.device))
+
+
 def _chunk_backward_follows(ctx, q: torch.Tensor, backward: str, inter_chunk: int) -> bool:
     """Whether :meth:`LightningAttnFunction.backward` will run ``chunk_bwd`` in the input dtype: some input needs a
     gradient, the recompute backward is not picked, and no learned slope sends it to float32."""
-    needs = ctx.needs_input_grad
-    if not any(needs[:5]) or (needs[3] and q.element_size() < 4):
-        return False
-    return bool(inter_chunk) or not use_recompute_backward(backward, device_info(q.device))
+    return any(ctx.needs_input_grad[:5]) and not _float32_backward(ctx, q) and not _recompute(backward, inter_chunk, q)
 
 
 class LightningAttnFunction(torch.autograd.Function):
     """Autograd over the operators. Saves the inputs and, for segmented plans, the forward's segment states (<= 25%
     of one input): the backward recomputes everything else, walk by walk. The slope's gradient, when it is wanted,
-    comes from the other gradients (:mod:`~lightning_attention.ops.lightning.decay_grad`)."""
+    comes from the other gradients (:mod:`~lightning_attention.ops.lightning.decay_grad`).
+
+    In plain eager mode the forward calls the operator's implementation directly and keeps the backward program it
+    prepares (:class:`~lightning_attention.ops.lightning.run.PreparedBackward`): the backward runs it without
+    planning the call again when its gradients are the expected ones. No autocast decorators: the Function's own
+    torch ops (dtype conversions, the slope's float64 sums) are none that autocast changes, and the kernels compute in
+    the dtype of q, k, v as given."""
 
     @staticmethod
-    @torch.amp.custom_fwd(device_type="cuda")
     def forward(
         ctx, q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, backward, inter_chunk
     ):
         # the segment states (<= 25% of one input, empty unless segmented) spare the dq walk its pre-pass; not under
         # torch.compile, where the fake would have to plan segments from symbolic sizes (one graph per length)
         save_states = not torch.compiler.is_compiling()
-        o, ht, seg_states = chunk_fwd(
-            q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk,
-            save_states, save_states and _chunk_backward_follows(ctx, q, backward, inter_chunk),
-        )  # fmt: skip
+        prepare = save_states and _chunk_backward_follows(ctx, q, backward, inter_chunk)
+        args = (q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk,
+                save_states, prepare)  # fmt: skip
+        ctx.prepared = None
+        if prepare and plain_eager():
+            with on_device_of(q):  # what the operator's eager call does, keeping the prepared backward
+                o, ht, seg_states, ctx.prepared = _chunk_fwd(*args)
+        else:
+            o, ht, seg_states = chunk_fwd(*args)
         ctx.save_for_backward(q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, seg_states)
         ctx.scale = scale
         ctx.output_final_state = output_final_state
@@ -195,28 +226,31 @@ class LightningAttnFunction(torch.autograd.Function):
         return o, ht
 
     @staticmethod
-    @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, do, dht):
         q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, seg_states = ctx.saved_tensors
         if not ctx.output_final_state:
             dht = None
         if do is None:
             do = torch.zeros(*q.shape[:-1], v.shape[-1], device=q.device, dtype=q.dtype)
-        recompute = not ctx.inter_chunk and use_recompute_backward(ctx.backward_mode, device_info(q.device))
-        bwd = recompute_bwd if recompute else chunk_bwd
-        learn_decay = ctx.needs_input_grad[3]
         inputs = (q, k, v, do.to(q.dtype))
-        if learn_decay and q.element_size() < 4:
-            # the slope's gradient weighs every token's q·dq - k·dk by its position: the 16-bit walks' rounding,
-            # multiplied by the length, would swamp it, so the backward runs in float32 then (decay_grad.py)
-            inputs, seg_states = tuple(x.float() for x in inputs), None
-        dq, dk, dv, dh0 = bwd(
-            *inputs, dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, ctx.scale, ctx.inter_chunk, seg_states
-        )
-        if initial_state is None:
-            dh0 = None
+        prepared = ctx.prepared
+        if prepared is not None and plain_eager() and prepared.matches(inputs[3], dht):
+            with on_device_of(q):
+                dq, dk, dv, dh0 = prepared(
+                    *map(last_dim_contiguous, inputs[:3]), inputs[3], dht, _slope32(slope), initial_state, cu_seqlens,
+                    seg_states if seg_states.numel() else None,
+                )  # fmt: skip
+        else:
+            if _float32_backward(ctx, q):
+                inputs, seg_states = tuple(x.float() for x in inputs), None
+            bwd = recompute_bwd if _recompute(ctx.backward_mode, ctx.inter_chunk, q) else chunk_bwd
+            dq, dk, dv, dh0 = bwd(
+                *inputs, dht, slope, initial_state, cu_seqlens, cu_seqlens_cpu, ctx.scale, ctx.inter_chunk, seg_states
+            )
+            if initial_state is None:
+                dh0 = None
         dslope = None
-        if learn_decay:
+        if ctx.needs_input_grad[3]:
             offsets = cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens
             dslope = slope_gradient(*inputs[:2], dq, dk, initial_state, dh0, offsets)
             dslope, dq, dk, dv = dslope.to(slope.dtype), dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)

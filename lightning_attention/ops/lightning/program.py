@@ -135,7 +135,8 @@ class Program:
         for step in self.steps:
             if step[0] == "launch":
                 launch = step[1]
-                launch.launcher.compile_ahead(launch.grid, launch.arguments(values), launch.constexprs, values[launch.x])
+                args = launch.arguments(values)
+                launch.launcher.compile_ahead(launch.grid, args, launch.constexprs, values[launch.x])
 
     def _constant(self, step: tuple, device: torch.device) -> torch.Tensor:
         """A small table made on ``device`` once and kept (read-only: safe across streams and graphs); copied without

@@ -206,6 +206,35 @@ def _backward_program(key: tuple) -> Program:
     return backward_program(_problem(key))
 
 
+class PreparedBackward:
+    """The chunk backward a forward expects to follow it (:func:`_expected_backward_key`): its program and the specs
+    of ``do`` and ``dht`` it was built for. The autograd Function's backward runs it directly when its gradients have
+    those specs and the settings are still the forward's, instead of planning the call again on the engine's thread
+    (docs/kernels.md, "Host overhead")."""
+
+    __slots__ = ("config", "dht", "do", "program")
+
+    def __init__(self, key: tuple):
+        self.program = _backward_program(key)
+        self.config, self.do, self.dht = key[11], key[12], key[13]
+
+    def matches(self, do: torch.Tensor, dht: torch.Tensor | None) -> bool:
+        """Whether the program was built for these gradients (and the settings in force)."""
+        return settings.current() is self.config and _spec(do) == self.do and _spec(dht) == self.dht
+
+    def __call__(self, q, k, v, do, dht, slope, h0, cu_seqlens, fwd_states):
+        """(dq, dk, dv, dh0 or None), as :func:`chunk_backward` returns them for the same call (when
+        :meth:`matches`)."""
+        if not self.program.compiled_ahead:
+            compile_together([self.program], q.device)
+        return self.program(q, k, v, do, dht, slope, h0, cu_seqlens, fwd_states)
+
+
+@functools.lru_cache(maxsize=512)
+def _prepared_backward(key: tuple) -> PreparedBackward:
+    return PreparedBackward(_expected_backward_key(key, _forward_program(key).output_spec(2)))
+
+
 def chunk_forward(q, k, v, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk=0,
                   prepare_backward=False):  # fmt: skip
     """(o [B, T, H, V] in q.dtype, final state [N, H, K, V] or None, segment states or None). Inputs validated.
@@ -215,6 +244,15 @@ def chunk_forward(q, k, v, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, output_
     o without its intra-chunk term, chunks of that many tokens from each sequence start. ``prepare_backward``: the
     chunk backward of this call will follow (in the input dtype, given the segment states): its first call compiles
     the backward's kernels with the forward's."""
+    return chunk_forward_prepared(
+        q, k, v, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk, prepare_backward
+    )[:3]
+
+
+def chunk_forward_prepared(q, k, v, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk=0,
+                           prepare_backward=True):  # fmt: skip
+    """:func:`chunk_forward`'s outputs and, with ``prepare_backward``, the :class:`PreparedBackward` of the chunk
+    backward expected to follow (None without it, or when there is no token)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     if T == 0 or B * H == 0:  # no token: the final state is h0
@@ -224,15 +262,13 @@ def chunk_forward(q, k, v, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, output_
         ht = None
         if output_final_state:
             ht = h0.to(sdt, copy=True) if h0 is not None else q.new_zeros(N, H, K, V, dtype=sdt)
-        return o, ht, None
+        return o, ht, None, None
     key = _key(q, k, v, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk)
     program = _forward_program(key)
+    prepared = _prepared_backward(key) if prepare_backward else None
     if not program.compiled_ahead:
-        programs = [program]
-        if prepare_backward:
-            programs.append(_backward_program(_expected_backward_key(key, program.output_spec(2))))
-        compile_together(programs, q.device)
-    return program(q, k, v, slope, h0, cu_seqlens)
+        compile_together([program] if prepared is None else [program, prepared.program], q.device)
+    return (*program(q, k, v, slope, h0, cu_seqlens), prepared)
 
 
 def chunk_backward(
@@ -261,6 +297,6 @@ def chunk_backward(
 def clear_programs() -> None:
     """Forgets every cached program, and the autotuned launches they planned (tests that replace a planning function,
     ``benchmarks/tune_table.py`` between its pinned candidates)."""
-    for cached in (forward_program, backward_program, _forward_program, _backward_program):
+    for cached in (forward_program, backward_program, _forward_program, _backward_program, _prepared_backward):
         cached.cache_clear()
     forget_autotuned()
