@@ -30,6 +30,8 @@
 #             from an empty Triton cache, 4 at once                            $COLD_START_S or 420
 # cold_start_one_by_one  the same with every kernel compiled at its first launch, one by one
 #             (compile-ahead off: the A/B of compiling a call's kernels at once)  $COLD_START_S or 420
+# cold_start_segmented  the segmented class (grid (b): bf16, K = 128, batch 1 x 32K), forward and
+#             fwd+bwd, kernels compiled at once and one by one                               2 x 120
 # ncu         Nsight Compute over one call per shape ($NCU_SHAPES), then its text pages      420 + 440
 # guard       this package against the one in .old/, alternating, 3 runs each ($GUARD_REPS,
 #             $GUARD_OLD_COMMIT / $GUARD_NEW_COMMIT label the packages in guard.md)           560
@@ -119,6 +121,12 @@ for stage in ${stages//,/ }; do
                         --out "$res/cold_start" ;;
         cold_start_one_by_one) run cold_start_one_by_one "${COLD_START_S:-420}" python3 benchmarks/cold_start.py \
                         --parallel 4 --timeout-s 240 --compile-ahead off --out "$res/cold_start_one_by_one" ;;
+        cold_start_segmented)
+            for ahead in on off; do
+                run "cold_start_segmented_$ahead" 120 python3 benchmarks/cold_start.py --shape 1x32768x16 \
+                    --dtypes bfloat16 --head-dims 128 --parallel 2 --timeout-s 100 --compile-ahead "$ahead" \
+                    --out "$res/cold_start_segmented/compile_ahead_$ahead"
+            done ;;
         # the report (gzipped) comes back beside results.tgz when it fits the 16 MiB a returned file may have
         ncu) ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -n 1)
              run ncu 420 "$ncu_bin" --profile-from-start off --clock-control none --set full --import-source no -f \
