@@ -17,6 +17,7 @@ import lightning_attention as la
 from lightning_attention import settings
 from lightning_attention.ops.decay import tnl_slopes
 from lightning_attention.ops.lightning import run
+from tests.ops.test_compile_ahead import CASES as COMPILE_AHEAD_CASES
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 H, K, V = 2, 16, 16
@@ -63,14 +64,8 @@ def _planned(monkeypatch, leaves, do, dht=None, **kwargs):
         return _gradients(leaves, do, dht, **kwargs)
 
 
-CASES = {
-    "plain": dict(),
-    "segmented": dict(seg=16),
-    "initial-and-final-state": dict(h0=True, final=True),
-    "packed": dict(cu=(0, 7, 40)),
-    "packed-segmented": dict(cu=(0, 7, 40), seg=16),
-    "learned-slope-float32": dict(learn_slope=True),
-}
+# the calls whose backward program the forward guesses (test_compile_ahead.py), and a learned slope on float32 inputs
+CASES = {**COMPILE_AHEAD_CASES, "learned-slope-float32": dict(learn_slope=True)}
 
 
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
