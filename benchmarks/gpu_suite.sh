@@ -35,6 +35,8 @@
 # ncu         Nsight Compute over one call per shape ($NCU_SHAPES), then its text pages      420 + 440
 # guard       this package against the one in .old/, alternating, 3 runs each ($GUARD_REPS,
 #             $GUARD_OLD_COMMIT / $GUARD_NEW_COMMIT label the packages in guard.md)           560
+# host_pair   host time per plain fwd+bwd of the package in .old/ against this one, their loops
+#             interleaved in the same 3 processes ($HOST_PAIR_SHAPES)                         240
 # sp          sequence parallelism on 2 GPUs: correctness at 256K and scaling                 160 + 260
 # train_memory  peak memory per GPU and tokens/s of the 400m preset, DDP against FSDP2, with and
 #             without activation checkpointing and per-block compile                         300
@@ -138,6 +140,13 @@ for stage in ${stages//,/ }; do
              gzip -c /tmp/ncu_walk.ncu-rep >"$out/ncu_walk.ncu-rep.gz" ;;
         # the budget leaves the call's setup and packing their time; a process it cannot fit is not started and the
         # report says INCOMPLETE
+        host_pair) if [ ! -f .old/lightning_attention/__init__.py ]; then
+                       echo "stage host_pair: no package in .old/ (git archive <commit> lightning_attention" \
+                            "| tar x -C .old)" | tee -a "$res/summary.log"
+                   else
+                       run host_pair 240 python3 benchmarks/host_pair.py --old .old \
+                           ${HOST_PAIR_SHAPES:+--shapes "$HOST_PAIR_SHAPES"} --out "$res/host_pair.json"
+                   fi ;;
         guard) if [ ! -f .old/lightning_attention/__init__.py ]; then
                    echo "stage guard: no package in .old/ (git archive <commit> lightning_attention | tar x -C .old)" \
                        | tee -a "$res/summary.log"

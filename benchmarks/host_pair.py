@@ -87,7 +87,8 @@ def main() -> int:
         for _ in range(args.processes):
             cmd = [sys.executable, __file__, "--child", "--shapes", args.shapes, "--rounds", str(args.rounds)]
             path = os.pathsep.join([str(renamed), os.environ.get("PYTHONPATH", "")])
-            proc = subprocess.run(cmd, capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": path})
+            env = {**os.environ, "PYTHONPATH": path}
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
             runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     summary = {
         shape: {
