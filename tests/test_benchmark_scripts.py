@@ -21,7 +21,7 @@ BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
 # recompute_smem_table.py is run by tests/ops/test_recompute_smem.py (it drops TRITON_INTERPRET at import)
 SCRIPTS = ("host_overhead.py", "chunk_profile.py", "chunk_sweep.py", "ncu_profile.py", "host_trace.py",
            "recompute_timing.py", "guard.py", "cold_start.py", "tune_table.py", "fp32_products.py",
-           "precision_model.py")  # fmt: skip
+           "precision_model.py", "host_pair.py")  # fmt: skip
 
 
 @pytest.fixture
