@@ -28,7 +28,7 @@ import sys
 import tempfile
 
 from guard import renamed_copy
-from guard_points import OLD_PACKAGE
+from guard_points import OLD_PACKAGE, _interleaved
 from timed_calls import parse_shape, write_json
 
 LABELS = ("old", "new")
@@ -52,18 +52,12 @@ def _measure(shapes: list[str], rounds: int) -> dict:
             for _ in range(3):  # compile, verify the launchers, settle the allocator
                 fn()
         torch.cuda.synchronize()
-        times = {label: {"host": [], "host_one_thread": [], "device": []} for label in LABELS}
-
-        def interleave(name, n, time_one):
-            for i in range(n):
-                for label in LABELS if i % 2 == 0 else LABELS[::-1]:
-                    times[label][name].append(time_one(calls[label]))
-
-        interleave("host", rounds, lambda fn: host_ms(fn, calls=40, loops=1) * 1e3)
+        host = lambda fn: host_ms(fn, calls=40, loops=1) * 1e3  # noqa: E731
+        timed = {"host": _interleaved(calls, rounds, host)}
         with torch.autograd.set_multithreading_enabled(False):
-            interleave("host_one_thread", rounds, lambda fn: host_ms(fn, calls=40, loops=1) * 1e3)
-        interleave("device", max(2, rounds // 3), lambda fn: device_ms(fn, warmup=10, rep=60) * 1e3)
-        out[shape] = {label: {k: statistics.median(v) for k, v in t.items()} for label, t in times.items()}
+            timed["host_one_thread"] = _interleaved(calls, rounds, host)
+        timed["device"] = _interleaved(calls, max(2, rounds // 3), lambda fn: device_ms(fn, warmup=10, rep=60) * 1e3)
+        out[shape] = {label: {k: statistics.median(t[label]) for k, t in timed.items()} for label in LABELS}
     return out
 
 
