@@ -72,6 +72,14 @@ def test_gradcheck_float64_with_states():
     assert torch.autograd.gradcheck(f, (q, k, v, h0), fast_mode=True)
 
 
+def test_second_derivatives_float64():
+    """The PyTorch path is differentiable twice (a gradient penalty through the op); the Triton path raises instead
+    (tests/ops/test_chunk.py)."""
+    q, k, v = (x.requires_grad_() for x in make_inputs(1, 9, 2, 4, 4))
+    slope = torch.tensor([0.0, 0.3], dtype=torch.float64)
+    assert torch.autograd.gradgradcheck(lambda q, k, v: la.lightning_attn(q, k, v, slope)[0], (q, k, v))
+
+
 def test_gradients_match_float64_reference_varlen():
     H, K, V = 2, 16, 24
     lengths = [0, 1, 15, 30]

@@ -341,3 +341,16 @@ def test_inter_only_rejects_bad_chunk_size():
     q = torch.randn(1, 8, 1, 16, device=DEVICE)
     with pytest.raises(ValueError, match="chunk_size"):
         lightning_attn_inter_triton(q, q, q, None, chunk_size=24)
+
+
+@pytest.mark.parametrize("backward", ["chunk", "recompute"])
+def test_gradients_are_not_differentiable_and_say_so(triton_backend, backward):
+    """No double backward on the Triton path: a gradient penalty through the op raises instead of getting gradients
+    with no history (which would add nothing to the loss, silently)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 20, 2, 16, generator=g).to(DEVICE).requires_grad_() for _ in range(3))
+    o, _ = la.lightning_attn(q, k, v, torch.full((2,), 0.1, device=DEVICE), backward=backward)
+    (dq,) = torch.autograd.grad(o.square().sum(), q, create_graph=True)
+    assert dq.requires_grad
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        dq.square().sum().backward()

@@ -5,9 +5,9 @@
   segmented (with the forward's segment states), with an initial and a final state, packed, packed and segmented,
   and a learned slope on float32 inputs.
 - It steps aside, and the planned path runs, when the gradients are not the ones it was built for (a ``do`` with
-  other strides, a final state whose gradient does not come) or the settings changed between the forward and the
-  backward; and nothing is prepared where the backward is not the chunk one in the input dtype (the recompute
-  backward, a learned slope on 16-bit inputs).
+  other strides, a final state whose gradient does not come), or the settings changed or the cached programs were
+  cleared between the forward and the backward; and nothing is prepared where the backward is not the chunk one in
+  the input dtype (the recompute backward, a learned slope on 16-bit inputs).
 """
 
 import pytest
@@ -129,6 +129,13 @@ def test_other_gradients_or_settings_take_the_planned_path(triton_backend, monke
     for a, b in zip(grads, expected):  # another plan (segments): the same gradients up to float32 rounding
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
+    # the programs cleared between the forward and the backward: the prepared one may be stale, so the backward plans
+    o, _ = la.lightning_attn(q, k, v, slope)
+    run.clear_programs()
+    for a, b in zip(torch.autograd.grad(o, (q, k, v), do), expected):
+        assert torch.equal(a, b)
+    assert prepared_runs == []
+
     # the expected gradients again: the prepared program runs
     for a, b in zip(_gradients(leaves, do), expected):
         assert torch.equal(a, b)
@@ -144,3 +151,4 @@ def test_nothing_prepared_for_the_recompute_or_a_float32_backward(triton_backend
     o.float().sum().backward()
     assert slope.grad is not None and q.grad is not None
     assert prepared_runs == []
+

@@ -99,9 +99,9 @@ def _launch_tuned(b: ProgramBuilder, p: ChunkProblem, kind: str, plain: Launcher
     Triton's interpreter (no GPU) the plain kernel runs the first candidate: the autotuner's benchmark needs a GPU
     driver, and timings taken on the interpreter would say nothing about one."""
     if len(candidates) > 1:
-        _AUTOTUNED[key] = tuple(config_shape(c, constexprs) for c in candidates)
+        shapes = _AUTOTUNED[key] = tuple(config_shape(c, constexprs) for c in candidates)
         entry = tuned.tuned_config(p.device.capability, key) if p.settings.tuned_table else None
-        candidates = tuple(c for c in candidates if config_shape(c, constexprs) == entry) or candidates
+        candidates = tuple(c for c, shape in zip(candidates, shapes) if shape == entry) or candidates
     if len(candidates) == 1 or not p.device.is_cuda:
         cfg = candidates[0]
         constexprs = {**constexprs, **cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}

@@ -10,6 +10,7 @@ after validating their inputs.
 """
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from lightning_attention import settings
 from lightning_attention.backend import plain_eager
@@ -226,6 +227,7 @@ class LightningAttnFunction(torch.autograd.Function):
         return o, ht
 
     @staticmethod
+    @once_differentiable  # the kernels' gradients are not differentiable: differentiating them raises, not zeros
     def backward(ctx, do, dht):
         q, k, v, slope, initial_state, cu_seqlens, cu_seqlens_cpu, seg_states = ctx.saved_tensors
         if not ctx.output_final_state:

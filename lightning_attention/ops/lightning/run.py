@@ -206,28 +206,43 @@ def _backward_program(key: tuple) -> Program:
     return backward_program(_problem(key))
 
 
+# bumped by clear_programs: a PreparedBackward kept from before no longer matches (its program was planned by what
+# the clearing replaced)
+_generation = 0
+
+
+def _run(program: Program, *inputs) -> tuple:
+    """``program(*inputs)``, its kernels compiled together first when no forward has had them compiled (``inputs[0]``
+    is q: the device)."""
+    if not program.compiled_ahead:
+        compile_together([program], inputs[0].device)
+    return program(*inputs)
+
+
 class PreparedBackward:
     """The chunk backward a forward expects to follow it (:func:`_expected_backward_key`): its program and the specs
     of ``do`` and ``dht`` it was built for. The autograd Function's backward runs it directly when its gradients have
-    those specs and the settings are still the forward's, instead of planning the call again on the engine's thread
-    (docs/kernels.md, "Host overhead")."""
+    those specs, the settings are still the forward's and no :func:`clear_programs` came between, instead of planning
+    the call again on the engine's thread (docs/kernels.md, "Host overhead")."""
 
-    __slots__ = ("config", "dht", "do", "program")
+    __slots__ = ("config", "dht", "do", "generation", "program")
 
     def __init__(self, key: tuple):
         self.program = _backward_program(key)
         self.config, self.do, self.dht = key[11], key[12], key[13]
+        self.generation = _generation
 
     def matches(self, do: torch.Tensor, dht: torch.Tensor | None) -> bool:
-        """Whether the program was built for these gradients (and the settings in force)."""
-        return settings.current() is self.config and _spec(do) == self.do and _spec(dht) == self.dht
+        """Whether the program was built for these gradients (and the settings and programs in force)."""
+        return (
+            settings.current() is self.config and self.generation == _generation and _spec(do) == self.do
+            and _spec(dht) == self.dht
+        )  # fmt: skip
 
     def __call__(self, q, k, v, do, dht, slope, h0, cu_seqlens, fwd_states):
         """(dq, dk, dv, dh0 or None), as :func:`chunk_backward` returns them for the same call (when
         :meth:`matches`)."""
-        if not self.program.compiled_ahead:
-            compile_together([self.program], q.device)
-        return self.program(q, k, v, do, dht, slope, h0, cu_seqlens, fwd_states)
+        return _run(self.program, q, k, v, do, dht, slope, h0, cu_seqlens, fwd_states)
 
 
 @functools.lru_cache(maxsize=512)
@@ -288,15 +303,14 @@ def chunk_backward(
             dh0 = dht.to(sdt, copy=True) if dht is not None else q.new_zeros(N, H, K, V, dtype=sdt)
         return q.new_empty(q.shape), q.new_empty(q.shape), v.new_empty(v.shape), dh0
     key = _key(q, k, v, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, need_dh0, inter_chunk, do, dht, fwd_states)
-    program = _backward_program(key)
-    if not program.compiled_ahead:
-        compile_together([program], q.device)
-    return program(q, k, v, do, dht, slope, h0, cu_seqlens, fwd_states)
+    return _run(_backward_program(key), q, k, v, do, dht, slope, h0, cu_seqlens, fwd_states)
 
 
 def clear_programs() -> None:
     """Forgets every cached program, and the autotuned launches they planned (tests that replace a planning function,
-    ``benchmarks/tune_table.py`` between its pinned candidates)."""
+    ``benchmarks/tune_table.py`` between its pinned candidates); a backward prepared before runs as planned anew."""
+    global _generation
+    _generation += 1
     for cached in (forward_program, backward_program, _forward_program, _backward_program, _prepared_backward):
         cached.cache_clear()
     forget_autotuned()
