@@ -8,12 +8,14 @@ Per shape (bf16, H = 16, TNL slopes), for the forward and the forward + backward
 - ``*_graph_ms``: the call as a CUDA-graph replay (device time without host time).
 
 ``host_ms`` close to or above ``graph_ms``: the GPU waits for the host at that size. Then the split of a fwd+bwd's
-host time: ``bwd_program_host_ms`` (the backward's launch program run directly: no autograd, no ``torch.library``
-dispatch), ``function_fwd_host_ms`` / ``function_bwd_host_ms`` (inside the autograd Function's forward / backward,
-operators included), ``triton_launches`` per call (launches that went through Triton's ``JITFunction.run`` instead
-of the direct launcher: 0 once every launch is verified; ``launchers_disabled`` names the launchers that left the
-direct path, and why) and ``fwd_bwd_host_ms_one_thread`` (the backward on the calling thread:
-``torch.autograd.set_multithreading_enabled(False)``). docs/kernels.md, "Host overhead", explains the numbers.
+host time: ``fwd_program_host_ms`` / ``bwd_program_host_ms`` (the forward's / backward's launch program run
+directly: no autograd, no ``torch.library`` dispatch; what the host spends beyond the two is the autograd Function,
+the engine and the hand-over between threads), ``function_fwd_host_ms`` / ``function_bwd_host_ms`` (inside the
+autograd Function's forward / backward, operators included), ``triton_launches`` per call (launches that went
+through Triton's ``JITFunction.run`` instead of the direct launcher: 0 once every launch is verified;
+``launchers_disabled`` names the launchers that left the direct path, and why) and ``fwd_bwd_host_ms_one_thread``
+(the backward on the calling thread: ``torch.autograd.set_multithreading_enabled(False)``). docs/kernels.md, "Host
+overhead", explains the numbers.
 
     python benchmarks/host_overhead.py --shapes 1x32768,32x2048,4x16384x64 --out host_overhead.json
     python benchmarks/host_overhead.py --shapes 1x1024 --set direct_launch=0      # every launch through Triton
@@ -39,13 +41,16 @@ from lightning_attention import settings
 from lightning_attention.ops.lightning import launches, run
 
 
-def _backward_program(problem):
-    """The backward of ``problem.fwd_bwd`` as its launch program runs it (the forward's segment states included),
-    without autograd or operator dispatch."""
+def _programs(problem):
+    """The forward and the backward of ``problem.fwd_bwd`` as their launch programs run them (the backward with the
+    forward's segment states), without autograd or operator dispatch: two calls."""
     q, k, v, do, slope = problem.q.detach(), problem.k.detach(), problem.v.detach(), problem.do, problem.slope
     scale = 1.0  # lightning_attn's default, as in problem.fwd_bwd
     _, _, states = run.chunk_forward(q, k, v, slope, None, None, None, scale, False)
-    return lambda: run.chunk_backward(q, k, v, do, None, slope, None, None, None, scale, False, 0, states)
+    return (
+        lambda: run.chunk_forward(q, k, v, slope, None, None, None, scale, False),
+        lambda: run.chunk_backward(q, k, v, do, None, slope, None, None, None, scale, False, 0, states),
+    )
 
 
 @contextlib.contextmanager
@@ -94,7 +99,9 @@ def measure(B: int, T: int, H: int = 16, D: int = 128, calls: int = 50) -> dict:
         row[f"{name}_gpu_ms"] = device_ms(fn)
         row[f"{name}_host_ms"] = host_ms(fn, calls)
         row[f"{name}_graph_ms"] = graph_ms(fn)
-    row["bwd_program_host_ms"] = host_ms(_backward_program(problem), calls)
+    forward, backward = _programs(problem)
+    row["fwd_program_host_ms"] = host_ms(forward, calls)
+    row["bwd_program_host_ms"] = host_ms(backward, calls)
     with _host_split(calls + 1) as split:  # host_ms makes one warm-up call before its loop
         host_ms(problem.fwd_bwd, calls, loops=1)
     row.update(split)
