@@ -151,4 +151,3 @@ def test_nothing_prepared_for_the_recompute_or_a_float32_backward(triton_backend
     o.float().sum().backward()
     assert slope.grad is not None and q.grad is not None
     assert prepared_runs == []
-
