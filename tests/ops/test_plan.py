@@ -96,11 +96,17 @@ def test_bandwidth_bound_walks_that_fill_every_sm_stay_whole(dims, programs, exp
         (8192, 128, 4),  # 528 / 128 -> 5 wanted, 4 allowed by the bound
         (2048, 16, 1),  # nothing shorter than the bound
         (3008, 16, 1),  # 47 chunks of 64: no divisor within the bound
+        (8192, 131, 4),  # just under half the slots: still cut
+        (8192, 132, 1),  # half the slots: whole segments
+        (4096, 192, 1),  # K = 64, bf16, B = 4, T = 16K: 4K segments, 3 of 4 walked, 16 heads
+        (4096, 224, 1),  # K = 64, bf16, B = 2, T = 32K: 7 of 8 walked
+        (4096, 256, 1),  # K = 64, bf16, with a final state: every segment walked
     ],
 )
 def test_prepass_split_rule(seg_len, programs, expected):
     """Pre-pass pieces on a 132-SM GPU (264 pre-pass slots): up to twice that many programs, pieces of at least
-    2,048 tokens (bf16, V = 128: their states within 12.5% of one input)."""
+    2,048 tokens (bf16, V = 128: their states within 12.5% of one input), and none once the segments fill half the
+    slots."""
     split = plan.prepass_split(seg_len, programs, slots=264, min_piece=2048)
     assert split == expected
     assert (seg_len // 64) % split == 0

@@ -382,11 +382,13 @@ def prepass_split(seg_len: int, programs: int, slots: int, min_piece: int) -> in
     program per (walked segment, head) leaves it bound by latency when segments are long and few. So each segment is
     cut into pieces of at least ``min_piece`` tokens (a multiple of 64 dividing ``seg_len``) until ``programs`` ×
     pieces reaches twice ``slots`` (the pre-pass programs the GPU runs at once); the scan composes the pieces.
+    Segments whose ``programs`` already fill half the slots stay whole: there the pieces' extra scan and state
+    traffic cost more than the latency they hide (docs/kernels.md, "Pre-pass pieces and the scan").
     """
-    want = cdiv(2 * slots, max(programs, 1))
     best = 1
-    if want <= 1:
+    if 2 * programs >= slots:
         return best
+    want = cdiv(2 * slots, max(programs, 1))
     for split in range(2, seg_len // max(min_piece, 64) + 1):
         if (seg_len // 64) % split:
             continue
