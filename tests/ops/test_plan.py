@@ -112,6 +112,28 @@ def test_prepass_split_rule(seg_len, programs, expected):
     assert (seg_len // 64) % split == 0
 
 
+@pytest.mark.parametrize(
+    "kwargs, seg_len, split",
+    [
+        (dict(B=4, T=16384, K=64, V=64), 4096, 1),  # 192 pre-pass programs: whole segments
+        (dict(B=2, T=32768, K=64, V=64), 4096, 1),  # 224
+        (dict(B=1, T=65536, K=64, V=64, final_state=True), 4096, 1),  # 256: every segment walked
+        (dict(B=1, T=65536), 16384, 8),  # K = 128: 48 programs -> 8 pieces of 2,048
+        (dict(B=1, T=131072), 32768, 16),  # grid (b) at 128K
+        (dict(B=2, T=32768, K=64, V=64, dtype=torch.float32), 8192, 8),  # float32 K = 64: 96 programs
+        (dict(B=1, T=65536, K=256, V=256), 32768, 8),  # K = 256: 16 programs, pieces of 4,096 (the bound)
+    ],
+)
+def test_prepass_pieces_of_the_benchmark_grids(kwargs, seg_len, split):
+    """The pre-pass of the segmented calls of grids (a) and (b) on an H100: the 16-bit K = 64 calls keep their 4K
+    segments whole (they fill half the pre-pass slots), the calls with fewer programs are cut into pieces."""
+    p = problem(**kwargs)
+    segments = plan.plan_segments(p)
+    pieces = plan.prepass_pieces(p, segments, skip_final=not p.final_state, reverse=False)
+    assert segments.segmented and segments.seg_len == seg_len
+    assert (pieces.split, pieces.piece_len) == (split, seg_len // split)
+
+
 def test_waves_key_tells_grids_that_fit_one_program_per_sm():
     """The walk autotuner's WAVES key: 1 for a grid that fits a 132-SM GPU at one program per SM, 2 for a larger
     one; 1 on the interpreter."""
@@ -215,7 +237,7 @@ def test_varlen_segments_come_from_host_offsets_only():
 PROGRAMS = [
     ("h100-k128-whole", dict(B=8, T=8192)),
     ("h100-k128-segments-h0", dict(B=1, T=65536, final_state=True, h0=True)),
-    ("h100-k64-pieces", dict(B=1, T=65536, K=64, V=64)),
+    ("h100-k64-segments", dict(B=1, T=65536, K=64, V=64)),
     ("h100-k256-gluon", dict(B=16, T=4096, K=256, V=256)),
     ("h100-k256-fp16", dict(B=2, T=4096, K=256, V=256, dtype=torch.float16)),
     ("h100-fp32", dict(B=2, T=4096, K=64, V=64, dtype=torch.float32)),
