@@ -21,7 +21,7 @@ BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
 # recompute_smem_table.py is run by tests/ops/test_recompute_smem.py (it drops TRITON_INTERPRET at import)
 SCRIPTS = ("host_overhead.py", "chunk_profile.py", "chunk_sweep.py", "ncu_profile.py", "host_trace.py",
            "recompute_timing.py", "guard.py", "cold_start.py", "tune_table.py", "fp32_products.py",
-           "precision_model.py", "host_pair.py")  # fmt: skip
+           "precision_model.py", "host_pair.py", "placement.py")  # fmt: skip
 
 
 @pytest.fixture
@@ -177,3 +177,25 @@ def test_precision_model_reproduces_the_measured_ratios(scripts):
     assert 1.3 < rows["bf16", "bf16", "bf16"]["vs_floor"] < 1.9
     assert rows["split", "split", "split"]["vs_floor"] < 1.02
     assert rows["split", "split", "split"]["product_time"] == pytest.approx(7 / 4)  # 4 equal products, 3 doubled
+
+
+def test_placement_records_offsets_and_tells_placement_from_process(scripts):
+    """placement.py: where a problem's tensors lie (offsets from q), and its summary's two spreads on made-up times,
+    where the placement sets the time and the processes agree within 2%."""
+    import placement
+    from timed_calls import Problem
+
+    buffer = torch.empty(8 << 20, dtype=torch.uint8)  # one block: the offsets between its views are known
+    q, k, v, do, o = (buffer[i * 2**20 :] for i in (2, 0, 3, 5, 6))
+    row = placement.placement_of(Problem(q, k, v, do, None, None, None), o)
+    assert row == {"q_mod_2mib": q.data_ptr() % (2 << 20), "k_minus_q_mib": -2.0, "v_minus_q_mib": 1.0,
+                   "do_minus_q_mib": 3.0, "o_minus_q_mib": 4.0}  # fmt: skip
+
+    fast, slow = 1.10, 1.40
+    runs = [{"2x64x256": [{"fwd_ms": t * (1 + 0.02 * p / 3)} for t in (fast, slow, fast)]} for p in range(4)]
+    summary = placement.summarise(runs)["2x64x256"]
+    assert list(summary) == ["fwd_ms"]  # no fwd_bwd_ms measured: none summarised
+    assert summary["fwd_ms"]["placement_spread"] == pytest.approx(slow / fast - 1, abs=1e-4)
+    assert summary["fwd_ms"]["process_spread"] == pytest.approx(0.02, abs=1e-4)
+    assert len(summary["fwd_ms"]["per_placement"]) == 3
+
