@@ -23,13 +23,12 @@ import json
 import os
 import pathlib
 import statistics
-import subprocess
 import sys
 import tempfile
 
 from guard import renamed_copy
 from guard_points import OLD_PACKAGE, _interleaved
-from timed_calls import parse_shape, write_json
+from timed_calls import child_runs, parse_shape, write_json
 
 LABELS = ("old", "new")
 
@@ -75,15 +74,11 @@ def main() -> int:
     if args.child:
         print(json.dumps(_measure(shapes, args.rounds)))
         return 0
-    runs = []
     with tempfile.TemporaryDirectory() as tmp:
         renamed = renamed_copy(pathlib.Path(args.old), pathlib.Path(tmp))
-        for _ in range(args.processes):
-            cmd = [sys.executable, __file__, "--child", "--shapes", args.shapes, "--rounds", str(args.rounds)]
-            path = os.pathsep.join([str(renamed), os.environ.get("PYTHONPATH", "")])
-            env = {**os.environ, "PYTHONPATH": path}
-            proc = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
-            runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        path = os.pathsep.join([str(renamed), os.environ.get("PYTHONPATH", "")])
+        runs = child_runs(__file__, ["--shapes", args.shapes, "--rounds", str(args.rounds)], args.processes,
+                          env={**os.environ, "PYTHONPATH": path})  # fmt: skip
     summary = {
         shape: {
             label: {k: round(statistics.median(run[shape][label][k] for run in runs), 1) for k in runs[0][shape][label]}

@@ -17,13 +17,11 @@ median over the processes) and the largest spread of one placement over the proc
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 
 import torch
-from timed_calls import device_ms, make_problem, parse_shape, write_json
+from timed_calls import child_runs, device_ms, make_problem, parse_shape, write_json
 
 PADS_MB = (0, 1, 2, 3, 5, 8, 13, 21, 34, 0, 55, 89)  # each placement's pad; the sequence is the same in every process
 MIB = 1 << 20
@@ -39,9 +37,8 @@ def placement_of(problem, out: torch.Tensor) -> dict:
 
 
 def measure(shapes: list[str], placements: int, fwd_bwd: bool) -> dict:
-    """One process's rows: ``{shape: [row per placement]}``, every earlier allocation kept alive."""
-    if placements > len(PADS_MB):
-        raise ValueError(f"at most {len(PADS_MB)} placements, got {placements}")
+    """One process's rows: ``{shape: [row per placement]}``, every earlier allocation kept alive (``placements``: at
+    most ``len(PADS_MB)``, which :func:`main` checks)."""
     out = {}
     for shape in shapes:
         B, T, D = parse_shape(shape)
@@ -100,12 +97,8 @@ def main() -> int:
     if args.child:
         print(json.dumps(measure(shapes, args.placements, args.fwd_bwd)))
         return 0
-    runs = []
-    for _ in range(args.processes):
-        cmd = [sys.executable, __file__, "--child", "--shapes", args.shapes, "--placements", str(args.placements)]
-        proc = subprocess.run(cmd + (["--fwd-bwd"] if args.fwd_bwd else []), capture_output=True, text=True,
-                              check=True, env=dict(os.environ))  # fmt: skip
-        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    argv = ["--shapes", args.shapes, "--placements", str(args.placements)] + (["--fwd-bwd"] if args.fwd_bwd else [])
+    runs = child_runs(__file__, argv, args.processes)
     summary = summarise(runs)
     for shape, row in summary.items():
         print(shape, json.dumps(row), flush=True)

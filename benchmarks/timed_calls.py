@@ -12,6 +12,8 @@ upstream gradient ``do``, TNL slopes (layer 0 of 12), and two calls: the forward
 - :func:`kernel_ms`: the CUDA time of the call's kernels added up (torch.profiler): device time without host time,
   for calls that cannot be captured as well.
 
+:func:`child_runs` repeats a script's measurement in fresh processes (a process's luck is then visible as such).
+
 Only the public API and PyTorch / Triton: ``benchmarks/guard.py`` times two versions of the package with this same
 code. Scripts import it as ``from timed_calls import ...`` (``python benchmarks/<script>.py`` puts this folder first
 on ``sys.path``).
@@ -19,6 +21,8 @@ on ``sys.path``).
 
 import json
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -203,6 +207,17 @@ def settings_changes(items: list[str]) -> dict:
         else:  # str, and the kernel pin in its text form (override parses it)
             changes[name] = text
     return changes
+
+
+def child_runs(script: str, argv: list[str], processes: int, env: dict | None = None) -> list:
+    """What each of ``processes`` fresh processes of ``python script --child *argv`` prints as JSON on its last line
+    (a script's measurement in processes of their own; ``env``: their environment, this one's by default)."""
+    runs = []
+    for _ in range(processes):
+        cmd = [sys.executable, script, "--child", *argv]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return runs
 
 
 def write_json(path: str | None, result: dict) -> None:

@@ -199,3 +199,15 @@ def test_placement_records_offsets_and_tells_placement_from_process(scripts):
     assert summary["fwd_ms"]["process_spread"] == pytest.approx(0.02, abs=1e-4)
     assert len(summary["fwd_ms"]["per_placement"]) == 3
 
+
+
+def test_child_runs_collect_each_process_last_json_line(scripts, tmp_path):
+    """timed_calls.child_runs (host_pair.py's and placement.py's processes): ``--child`` and the arguments passed on,
+    the environment given, one result per process from its last printed line."""
+    from timed_calls import child_runs
+
+    script = tmp_path / "child.py"
+    script.write_text("import json, os, sys\nprint('a log line')\n"
+                      "print(json.dumps({'argv': sys.argv[1:], 'mark': os.environ.get('CHILD_MARK')}))\n")  # fmt: skip
+    runs = child_runs(str(script), ["--shapes", "2x64"], 2, env={**os.environ, "CHILD_MARK": "x"})
+    assert runs == [{"argv": ["--child", "--shapes", "2x64"], "mark": "x"}] * 2
