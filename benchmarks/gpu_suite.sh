@@ -25,7 +25,8 @@
 # host        host time per call against device and CUDA-graph time ($HOST_SHAPES)          120
 # profile     one fwd+bwd kernel by kernel, with the plan and configurations ($PROFILE_SHAPES) 120
 # placement   the forward's time per placement of its tensors, the same placements in 4 processes   240
-#             ($PLACEMENT_SHAPES; benchmarks/placement.py)
+#             ($PLACEMENT_SHAPES; $PLACEMENT_SHIFT=q,k,v moves those tensors one at a time instead;
+#             benchmarks/placement.py)
 # sweep       pinned configurations of one shape, checked against float64 ($SWEEP_SHAPE,
 #             $SWEEP_CONFIGS: the autotuner's candidates by default)                        300
 # cold_start  first call of each dtype x head dim x (forward, fwd+bwd), each in its own process
@@ -116,7 +117,8 @@ for stage in ${stages//,/ }; do
         host) run host 120 python3 benchmarks/host_overhead.py ${HOST_SHAPES:+--shapes "$HOST_SHAPES"} \
                   --out "$res/host_overhead.json" ;;
         placement) run placement 240 python3 benchmarks/placement.py \
-                       ${PLACEMENT_SHAPES:+--shapes "$PLACEMENT_SHAPES"} --out "$res/placement.json" ;;
+                       ${PLACEMENT_SHAPES:+--shapes "$PLACEMENT_SHAPES"} ${PLACEMENT_SHIFT:+--shift "$PLACEMENT_SHIFT"} \
+                       --out "$res/placement.json" ;;
         profile) run profile 120 python3 benchmarks/chunk_profile.py ${PROFILE_SHAPES:+--shapes "$PROFILE_SHAPES"} \
                      --out "$res/chunk_profile.json" ;;
         sweep) run sweep 300 python3 benchmarks/chunk_sweep.py --shape "${SWEEP_SHAPE:-4x16384x64}" \

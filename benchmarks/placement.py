@@ -10,9 +10,15 @@ processes repeat the same sequence of allocations.
 Times that repeat placement by placement across processes come from where the tensors lie; times that move with the
 process, from the process. ``summary`` gives, per shape and timer, the spread over the placements (each placement's
 median over the processes) and the largest spread of one placement over the processes
-(:func:`summarise`). docs/kernels.md ("Open leads", K = 256 stability) cites what it found.
+(:func:`summarise`).
+
+``--shift`` asks which tensor's place matters: q, k and v are carved from one buffer, each with room to move, and one
+tensor at a time is moved by each offset of ``--offsets-kib`` (the others stay) before the forward is timed
+(:func:`measure_shifts`); every process repeats the same offsets in the same buffer layout. docs/kernels.md ("Open
+leads", K = 256 stability) cites what it found.
 
     python benchmarks/placement.py --shapes 2x32768x256,8x8192x256,2x32768x128 --out placement.json
+    python benchmarks/placement.py --shapes 2x32768x256 --shift q,k,v --processes 2 --out shifts.json
 """
 
 import argparse
@@ -23,8 +29,12 @@ import sys
 import torch
 from timed_calls import child_runs, device_ms, make_problem, parse_shape, write_json
 
+from lightning_attention import lightning_attn
+
 PADS_MB = (0, 1, 2, 3, 5, 8, 13, 21, 34, 0, 55, 89)  # each placement's pad; the sequence is the same in every process
 MIB = 1 << 20
+# --shift's default offsets: 64 KiB steps within one 2 MiB page, then 2 MiB steps to 62 MiB
+SHIFT_OFFSETS_KIB = tuple(range(0, 2048, 64)) + tuple(range(2048, 64 * 1024, 2048))
 
 
 def placement_of(problem, out: torch.Tensor) -> dict:
@@ -58,6 +68,70 @@ def measure(shapes: list[str], placements: int, fwd_bwd: bool) -> dict:
     return out
 
 
+def shifted_tensors(problem, room: int, shift: dict[str, int]) -> dict[str, torch.Tensor]:
+    """Copies of the problem's q, k, v in one buffer (``room`` bytes of slack after each), tensor ``name`` starting
+    ``shift[name]`` bytes (a multiple of 16) past its slot: the same values at a chosen distance from one another."""
+    size = problem.q.numel() * problem.q.element_size()
+    # one buffer per call: the caching allocator hands the same block back when the previous one is freed
+    buf = torch.empty(3 * (size + room), dtype=torch.uint8, device=problem.q.device)
+    out = {}
+    for slot, name in enumerate(("q", "k", "v")):
+        src = getattr(problem, name).detach()
+        start = slot * (size + room) + shift.get(name, 0)
+        view = buf[start : start + size].view(src.dtype).view(src.shape)
+        view.copy_(src)
+        out[name] = view
+    return out
+
+
+def measure_shifts(shapes: list[str], tensors: list[str], offsets_kib: list[int]) -> dict:
+    """One process's forward times with one of ``tensors`` moved by each offset in turn (the others at offset 0):
+    ``{shape: {name: [ms per offset]}}``, plus ``"unshifted"``: offset 0 of every tensor timed before and after each
+    tensor's sweep (the run's own noise)."""
+    out = {}
+    room = (max(offsets_kib) << 10) + MIB
+    for shape in shapes:
+        B, T, D = parse_shape(shape)
+        problem = make_problem(B, T, D=D)
+        rows = {"unshifted": []}
+
+        def timed(shift):
+            x = shifted_tensors(problem, room, shift)
+
+            def fwd():
+                with torch.no_grad():
+                    return lightning_attn(x["q"], x["k"], x["v"], problem.slope)
+
+            fwd()
+            return device_ms(fwd)
+
+        for name in tensors:
+            rows["unshifted"].append(timed({}))
+            rows[name] = [timed({name: kib << 10}) for kib in offsets_kib]
+        rows["unshifted"].append(timed({}))
+        out[shape] = rows
+        torch.cuda.empty_cache()
+    return out
+
+
+def summarise_shifts(runs: list[dict]) -> dict:
+    """Per shape and moved tensor, over processes: the median time at each offset, the spread of those medians and of
+    the unshifted repeats (largest ÷ smallest − 1), and the offsets of the fastest and slowest medians."""
+    summary = {}
+    for shape, rows in runs[0].items():
+        per_shape = {}
+        for name in rows:
+            medians = [statistics.median(run[shape][name][i] for run in runs) for i in range(len(rows[name]))]
+            per_shape[name] = {
+                "per_offset": [round(m, 4) for m in medians],
+                "spread": round(max(medians) / min(medians) - 1, 4),
+                "fastest_at": medians.index(min(medians)),
+                "slowest_at": medians.index(max(medians)),
+            }
+        summary[shape] = per_shape
+    return summary
+
+
 def summarise(runs: list[dict]) -> dict:
     """Per shape and timer, over processes (``runs``: one :func:`measure` result each): the median time of each
     placement, the spread of those medians (largest ÷ smallest − 1: what the placement does) and the largest spread of
@@ -86,6 +160,9 @@ def main() -> int:
     parser.add_argument("--placements", type=int, default=10, help=f"problems per process (at most {len(PADS_MB)})")
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--fwd-bwd", action="store_true", help="also time the forward + backward of each placement")
+    parser.add_argument("--shift", default=None, help="move these of q, k, v one at a time instead (comma-separated)")
+    parser.add_argument("--offsets-kib", default=",".join(map(str, SHIFT_OFFSETS_KIB)),
+                        help="--shift's offsets in KiB, comma-separated")  # fmt: skip
     parser.add_argument("--out", default=None, help="write the JSON here")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one process's measurement
     args = parser.parse_args()
@@ -94,12 +171,23 @@ def main() -> int:
         parser.error(f"--placements must be 1 to {len(PADS_MB)}")
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
+    tensors = args.shift.split(",") if args.shift else []
+    offsets_kib = [int(x) for x in args.offsets_kib.split(",")]
+    if set(tensors) - {"q", "k", "v"}:
+        parser.error("--shift takes q, k and v")
+    if any(kib < 0 or kib % 4 for kib in offsets_kib):
+        parser.error("--offsets-kib must be multiples of 4")
     if args.child:
-        print(json.dumps(measure(shapes, args.placements, args.fwd_bwd)))
+        if tensors:
+            print(json.dumps(measure_shifts(shapes, tensors, offsets_kib)))
+        else:
+            print(json.dumps(measure(shapes, args.placements, args.fwd_bwd)))
         return 0
     argv = ["--shapes", args.shapes, "--placements", str(args.placements)] + (["--fwd-bwd"] if args.fwd_bwd else [])
+    if tensors:
+        argv += ["--shift", args.shift, "--offsets-kib", args.offsets_kib]
     runs = child_runs(__file__, argv, args.processes)
-    summary = summarise(runs)
+    summary = summarise_shifts(runs) if tensors else summarise(runs)
     for shape, row in summary.items():
         print(shape, json.dumps(row), flush=True)
 
@@ -107,7 +195,8 @@ def main() -> int:
 
     write_json(args.out, {
         "machine_line": machine_line(machine_info(torch.device("cuda"))), "command": "python " + " ".join(sys.argv),
-        "source": source_digest(), "pads_mib": list(PADS_MB[: args.placements]), "shapes": shapes,
+        "source": source_digest(), "shapes": shapes,
+        **({"shift": tensors, "offsets_kib": offsets_kib} if tensors else {"pads_mib": PADS_MB[: args.placements]}),
         "summary": summary, "runs": runs,
     })  # fmt: skip
     return 0

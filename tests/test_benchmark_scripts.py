@@ -200,6 +200,26 @@ def test_placement_records_offsets_and_tells_placement_from_process(scripts):
     assert len(summary["fwd_ms"]["per_placement"]) == 3
 
 
+def test_placement_shifts_move_one_tensor_and_keep_its_values(scripts):
+    """placement.py --shift: q, k, v copied into one buffer, the moved tensor ``shift`` bytes past its slot and the
+    others in theirs, values unchanged; the summary's per-offset medians over processes, spreads and extremes."""
+    import placement
+    from timed_calls import Problem
+
+    q, k, v = (torch.randn(2, 8, 3, 4, dtype=torch.bfloat16) for _ in range(3))
+    size, room = q.numel() * 2, 1 << 12
+    x = placement.shifted_tensors(Problem(q, k, v, None, None, None, None), room, {"k": 512})
+    assert x["k"].data_ptr() - x["q"].data_ptr() == size + room + 512
+    assert x["v"].data_ptr() - x["q"].data_ptr() == 2 * (size + room)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        assert torch.equal(x[name], t) and x[name].is_contiguous()
+
+    runs = [{"2x64x256": {"unshifted": [1.0, 1.01], "k": [1.0, 1.3 + 0.01 * p, 1.1]}} for p in range(3)]
+    summary = placement.summarise_shifts(runs)["2x64x256"]
+    assert summary["k"]["per_offset"] == [1.0, 1.31, 1.1]  # medians over the processes
+    assert summary["k"]["spread"] == pytest.approx(0.31) and summary["unshifted"]["spread"] == pytest.approx(0.01)
+    assert (summary["k"]["fastest_at"], summary["k"]["slowest_at"]) == (0, 1)
+
 
 def test_child_runs_collect_each_process_last_json_line(scripts, tmp_path):
     """timed_calls.child_runs (host_pair.py's and placement.py's processes): ``--child`` and the arguments passed on,
