@@ -23,6 +23,8 @@
 # recompute   the recompute backward against the chunk backward on grid (a)                  120
 # smem        shared memory of the recompute backward, compiled for every target             120
 # host        host time per call against device and CUDA-graph time ($HOST_SHAPES)          120
+# clocks      forward and fwd+bwd times beside the SM clock and the power cap, after idle and in   200
+#             bursts ($CLOCKS_SHAPES; benchmarks/clocks.py)
 # profile     one fwd+bwd kernel by kernel, with the plan and configurations ($PROFILE_SHAPES) 120
 # placement   the forward's time per placement of its tensors, the same placements in 4 processes   240
 #             ($PLACEMENT_SHAPES; $PLACEMENT_SHIFT=q,k,v moves those tensors one at a time instead;
@@ -119,6 +121,8 @@ for stage in ${stages//,/ }; do
         placement) run placement 240 python3 benchmarks/placement.py \
                        ${PLACEMENT_SHAPES:+--shapes "$PLACEMENT_SHAPES"} ${PLACEMENT_SHIFT:+--shift "$PLACEMENT_SHIFT"} \
                        --out "$res/placement.json" ;;
+        clocks) run clocks 200 python3 benchmarks/clocks.py ${CLOCKS_SHAPES:+--shapes "$CLOCKS_SHAPES"} --fwd-bwd \
+                    --out "$res/clocks.json" ;;
         profile) run profile 120 python3 benchmarks/chunk_profile.py ${PROFILE_SHAPES:+--shapes "$PROFILE_SHAPES"} \
                      --out "$res/chunk_profile.json" ;;
         sweep) run sweep 300 python3 benchmarks/chunk_sweep.py --shape "${SWEEP_SHAPE:-4x16384x64}" \

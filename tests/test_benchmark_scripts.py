@@ -21,7 +21,7 @@ BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
 # recompute_smem_table.py is run by tests/ops/test_recompute_smem.py (it drops TRITON_INTERPRET at import)
 SCRIPTS = ("host_overhead.py", "chunk_profile.py", "chunk_sweep.py", "ncu_profile.py", "host_trace.py",
            "recompute_timing.py", "guard.py", "cold_start.py", "tune_table.py", "fp32_products.py",
-           "precision_model.py", "host_pair.py", "placement.py")  # fmt: skip
+           "precision_model.py", "host_pair.py", "placement.py", "clocks.py")  # fmt: skip
 
 
 @pytest.fixture
@@ -219,6 +219,33 @@ def test_placement_shifts_move_one_tensor_and_keep_its_values(scripts):
     assert summary["k"]["per_offset"] == [1.0, 1.31, 1.1]  # medians over the processes
     assert summary["k"]["spread"] == pytest.approx(0.31) and summary["unshifted"]["spread"] == pytest.approx(0.01)
     assert (summary["k"]["fastest_at"], summary["k"]["slowest_at"]) == (0, 1)
+
+
+def test_clocks_reads_samples_and_scales_times_to_the_top_clock(scripts):
+    """clocks.py: an nvidia-smi line, a window of samples, and the summary of made-up rows where the time follows the
+    clock exactly (scaled to the top clock, the bursts agree)."""
+    import clocks
+
+    assert clocks.parse_sample("1665, 612.40, Active") == (1665.0, 612.4, True)
+    assert clocks.parse_sample("1980, 127.1, Not Active") == (1980.0, 127.1, False)
+    assert clocks.parse_sample("[N/A], 127.1, Not Active") is None and clocks.parse_sample("") is None
+    window = clocks.summarise_window([(0.0, 1980.0, 300.0, False), (0.05, 1660.0, 700.0, True)])
+    assert window == {"samples": 2, "sm_mhz_mean": 1820.0, "sm_mhz_min": 1660.0, "watts_mean": 500.0,
+                      "capped_share": 0.5}  # fmt: skip
+    assert clocks.summarise_window([]) == {"samples": 0}
+
+    def row(i, mhz):
+        return {"shape": "2x64x256", "provider": "ours-chunk", "timer": "fwd_ms", "round": 0, "index": i,
+                "ms": 1.98 / mhz * 1000, "samples": 3, "sm_mhz_mean": mhz,
+                "capped_share": float(mhz < 1980)}  # fmt: skip
+
+    summary = clocks.summarise([row(0, 1980.0), row(1, 1650.0), row(2, 1800.0), {**row(3, 1.0), "samples": 0}])
+    per = summary["calls"]["2x64x256 ours-chunk fwd_ms"]
+    assert summary["top_sm_mhz"] == 1980.0
+    assert per["after_idle"] == {"ms": 1.0, "sm_mhz": 1980.0}
+    assert per["bursts"]["sm_mhz"] == 1725.0 and per["bursts"]["capped_share"] == 1.0
+    assert per["at_top_clock_ms"] == pytest.approx(1.0) and per["at_top_clock_spread"] == pytest.approx(0, abs=1e-4)
+    assert per["spread"] == pytest.approx(1980 / 1650 - 1, abs=1e-4)  # the row without samples is left out
 
 
 def test_child_runs_collect_each_process_last_json_line(scripts, tmp_path):

@@ -1,0 +1,199 @@
+"""Does a call's device time follow the GPU's SM clock, which the GPU lowers when it reaches its power cap?
+
+Per shape (bf16, H = 16) and provider of ``lightning-attention bench kernels`` (``--providers``: ours, FLA; the same
+inputs and calls as that benchmark), one process times the forward (and with ``--fwd-bwd`` the forward + backward)
+in rounds: after ``--idle-s`` seconds of idle, ``--bursts`` measurements back to
+back (``timed_calls.device_ms``, about 0.15 s each). ``nvidia-smi`` samples the GPU every 50 ms meanwhile (SM clock,
+power draw, whether the software power cap is lowering the clock) and every measurement gets the samples of its own
+window: the mean and lowest SM clock, the mean power and the share of samples under the power cap.
+
+A call whose time moves with the clock under the cap is bound by its arithmetic (a memory-bound call keeps its time:
+the memory clock is not capped); its time on another GPU of the same model depends on where that GPU settles under
+the cap. ``summary`` gives, per shape and timer, the first measurement after idle and the bursts' median, each with
+its clock, and the time the call would take at the top clock if it scales with it. docs/kernels.md ("K = 256 under
+the power cap") cites what it found.
+
+    python benchmarks/clocks.py --shapes 2x32768x256,2x32768x128,8x8192x64 --providers ours-chunk,fla --fwd-bwd \
+        --out clocks.json
+"""
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import torch
+from timed_calls import device_ms, parse_shape, write_json
+
+from lightning_attention.bench.providers import GRID_HEADS, LIGHTNING_ATTN
+from lightning_attention.bench.registry import Shape
+
+SAMPLE_MS = 50
+FIELDS = "clocks.sm,power.draw,clocks_throttle_reasons.sw_power_cap"
+
+
+def gpu_limits() -> dict:
+    """The power limit in force and the top SM clock of GPU 0, as ``nvidia-smi`` reports them."""
+    fields = "power.limit,clocks.max.sm"
+    cmd = [shutil.which("nvidia-smi") or "nvidia-smi", "-i", "0", f"--query-gpu={fields}", "--format=csv,noheader"]
+    values = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().split(",")
+    return dict(zip(fields.split(","), (v.strip() for v in values)))
+
+
+def parse_sample(line: str) -> tuple[float, float, bool] | None:
+    """One ``nvidia-smi`` line of :data:`FIELDS` (csv, no header, no units) -> (SM MHz, watts, power-capped), or None
+    for a line that is not one (a field the driver reports as N/A)."""
+    parts = [p.strip() for p in line.split(",")]
+    if len(parts) != 3:
+        return None
+    try:
+        return float(parts[0]), float(parts[1]), parts[2] == "Active"
+    except ValueError:
+        return None
+
+
+class Sampler:
+    """``nvidia-smi`` polling GPU 0 every :data:`SAMPLE_MS` ms in the background: ``window(t0, t1)`` summarises the
+    samples taken between two ``time.monotonic()`` readings."""
+
+    def __init__(self):
+        cmd = [shutil.which("nvidia-smi") or "nvidia-smi", "-i", "0", f"--query-gpu={FIELDS}",
+               "--format=csv,noheader,nounits", f"-lms={SAMPLE_MS}"]  # fmt: skip
+        self.samples: list[tuple[float, float, float, bool]] = []
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            sample = parse_sample(line)
+            if sample is not None:
+                self.samples.append((time.monotonic(), *sample))
+
+    def window(self, t0: float, t1: float) -> dict:
+        return summarise_window([s for s in self.samples if t0 <= s[0] <= t1])
+
+    def close(self):
+        self.proc.terminate()
+        self.proc.wait()
+
+
+def summarise_window(samples: list[tuple[float, float, float, bool]]) -> dict:
+    """(time, SM MHz, watts, capped) samples -> mean and lowest clock, mean power, share of samples capped."""
+    if not samples:
+        return {"samples": 0}
+    clocks = [s[1] for s in samples]
+    return {
+        "samples": len(samples),
+        "sm_mhz_mean": round(statistics.fmean(clocks), 1),
+        "sm_mhz_min": min(clocks),
+        "watts_mean": round(statistics.fmean(s[2] for s in samples), 1),
+        "capped_share": round(sum(s[3] for s in samples) / len(samples), 3),
+    }
+
+
+def timers(provider: str, B: int, T: int, D: int, fwd_bwd: bool) -> dict:
+    """The provider's forward (under no_grad) and, with ``fwd_bwd``, forward + backward (gradients cleared first) on
+    the benchmark's inputs of one shape: ``{timer name: call}``."""
+    shape = Shape(B, T, GRID_HEADS, D, D, torch.bfloat16)
+    prepared = LIGHTNING_ATTN.providers[provider].prepare(LIGHTNING_ATTN.make_inputs(shape, torch.device("cuda"), 0))
+
+    def fwd():
+        with torch.no_grad():
+            return prepared.run_forward()
+
+    def fwd_and_bwd():
+        for x in prepared.leaves:
+            x.grad = None
+        prepared.forward_backward()
+
+    return {"fwd_ms": fwd, **({"fwd_bwd_ms": fwd_and_bwd} if fwd_bwd else {})}
+
+
+def measure(shapes: list[str], providers: list[str], fwd_bwd: bool, rounds: int, bursts: int, idle_s: float,
+            sampler) -> list[dict]:  # fmt: skip
+    """Rows of (shape, provider, timer, round, index in the round, ms, the window's clock and power)."""
+    rows = []
+    for shape in shapes:
+        for provider in providers:
+            for name, fn in timers(provider, *parse_shape(shape), fwd_bwd).items():
+                fn()  # compiles and tunes before the first idle
+                torch.cuda.synchronize()
+                for r in range(rounds):
+                    time.sleep(idle_s)
+                    for i in range(bursts):
+                        t0 = time.monotonic()
+                        ms = device_ms(fn)
+                        row = {"shape": shape, "provider": provider, "timer": name, "round": r, "index": i,
+                               "ms": round(ms, 4)}  # fmt: skip
+                        rows.append({**row, **sampler.window(t0, time.monotonic())})
+                        print(rows[-1], flush=True)
+            torch.cuda.empty_cache()
+    return rows
+
+
+def summarise(rows: list[dict]) -> dict:
+    """Per shape, provider and timer: the first measurement of each round (after idle) and the rest (bursts), each as
+    the median time and mean clock; the time scaled to the top clock seen (``ms · MHz / top``, what a call bound by its
+    arithmetic would take there), as the median and spread of the bursts; and the spread of the raw times."""
+    summary = {}
+    top = max((r["sm_mhz_mean"] for r in rows if r.get("samples")), default=None)
+    for key in dict.fromkeys((r["shape"], r["provider"], r["timer"]) for r in rows):
+        mine = [r for r in rows if (r["shape"], r["provider"], r["timer"]) == key and r.get("samples")]
+        if mine:
+            first = [r for r in mine if r["index"] == 0]
+            rest = [r for r in mine if r["index"] > 0] or first
+            scaled = [r["ms"] * r["sm_mhz_mean"] / top for r in rest]
+            times = [r["ms"] for r in mine]
+            summary[" ".join(key)] = {
+                "after_idle": {"ms": round(statistics.median(r["ms"] for r in first), 4),
+                               "sm_mhz": round(statistics.fmean(r["sm_mhz_mean"] for r in first), 1)},
+                "bursts": {"ms": round(statistics.median(r["ms"] for r in rest), 4),
+                           "sm_mhz": round(statistics.fmean(r["sm_mhz_mean"] for r in rest), 1),
+                           "capped_share": round(statistics.fmean(r["capped_share"] for r in rest), 3)},
+                "at_top_clock_ms": round(statistics.median(scaled), 4),
+                "at_top_clock_spread": round(max(scaled) / min(scaled) - 1, 4),
+                "spread": round(max(times) / min(times) - 1, 4),
+            }  # fmt: skip
+    return {"top_sm_mhz": top, "calls": summary}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="2x32768x256,2x32768x128,8x8192x64",
+                        help="BxT or BxTxD (D = 128 unless given), comma-separated")  # fmt: skip
+    parser.add_argument("--providers", default="ours-chunk", help=f"of {', '.join(LIGHTNING_ATTN.providers)}")
+    parser.add_argument("--fwd-bwd", action="store_true", help="also time the forward + backward")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--bursts", type=int, default=8, help="measurements per round, back to back")
+    parser.add_argument("--idle-s", type=float, default=5.0, help="idle before each round")
+    parser.add_argument("--out", default=None, help="write the JSON here")
+    args = parser.parse_args()
+    if set(args.providers.split(",")) - set(LIGHTNING_ATTN.providers):
+        parser.error(f"--providers: of {', '.join(LIGHTNING_ATTN.providers)}")
+    if not torch.cuda.is_available() or shutil.which("nvidia-smi") is None:
+        parser.error("needs a CUDA GPU and nvidia-smi")
+    sampler = Sampler()
+    try:
+        rows = measure(args.shapes.split(","), args.providers.split(","), args.fwd_bwd, args.rounds, args.bursts,
+                       args.idle_s, sampler)  # fmt: skip
+    finally:
+        sampler.close()
+    summary = summarise(rows)
+    for call, row in summary["calls"].items():
+        print(call, row, flush=True)
+
+    from lightning_attention.bench.machine import machine_info, machine_line, source_digest
+
+    write_json(args.out, {
+        "machine_line": machine_line(machine_info(torch.device("cuda"))), "command": "python " + " ".join(sys.argv),
+        "source": source_digest(), "limits": gpu_limits(), "summary": summary, "rows": rows,
+    })  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
