@@ -5,7 +5,9 @@ inputs and calls as that benchmark), one process times the forward (and with ``-
 in rounds: after ``--idle-s`` seconds of idle, ``--bursts`` measurements back to
 back (``timed_calls.device_ms``, about 0.15 s each). ``nvidia-smi`` samples the GPU every 50 ms meanwhile (SM clock,
 power draw, whether the software power cap is lowering the clock) and every measurement gets the samples of its own
-window: the mean and lowest SM clock, the mean power and the share of samples under the power cap.
+window: the mean and lowest SM clock, the mean power and the share of samples under the power cap. With
+``--sustain-s`` each call then runs back to back for that long, as a training loop would, timed in blocks of about
+0.1 s (CUDA events, no L2 flush).
 
 A call whose time moves with the clock under the cap is bound by its arithmetic (a memory-bound call keeps its time:
 the memory clock is not capped); its time on another GPU of the same model depends on where that GPU settles under
@@ -113,9 +115,29 @@ def timers(provider: str, B: int, T: int, D: int, fwd_bwd: bool) -> dict:
     return {"fwd_ms": fwd, **({"fwd_bwd_ms": fwd_and_bwd} if fwd_bwd else {})}
 
 
+def sustained(fn, seconds: float, sampler) -> list[dict]:
+    """``fn`` called back to back for ``seconds``: per block of calls (about 0.1 s), the seconds since the start, the
+    ms per call (CUDA events around the block) and the block's clock and power samples."""
+    start, rows = time.monotonic(), []
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    calls = 1
+    while time.monotonic() - start < seconds:
+        t0 = time.monotonic()
+        begin.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        ms = begin.elapsed_time(end) / calls
+        rows.append({"second": round(t0 - start, 3), "ms": round(ms, 4), **sampler.window(t0, time.monotonic())})
+        calls = max(1, round(100 / ms))
+    return rows
+
+
 def measure(shapes: list[str], providers: list[str], fwd_bwd: bool, rounds: int, bursts: int, idle_s: float,
-            sampler) -> list[dict]:  # fmt: skip
-    """Rows of (shape, provider, timer, round, index in the round, ms, the window's clock and power)."""
+            sampler, sustain_s: float = 0.0) -> list[dict]:  # fmt: skip
+    """Rows of (shape, provider, timer, round, index in the round, ms, the window's clock and power); with
+    ``sustain_s``, rows of the sustained run (round "sustained", index: the block)."""
     rows = []
     for shape in shapes:
         for provider in providers:
@@ -131,6 +153,12 @@ def measure(shapes: list[str], providers: list[str], fwd_bwd: bool, rounds: int,
                                "ms": round(ms, 4)}  # fmt: skip
                         rows.append({**row, **sampler.window(t0, time.monotonic())})
                         print(rows[-1], flush=True)
+                if sustain_s > 0:
+                    time.sleep(idle_s)
+                    for i, block in enumerate(sustained(fn, sustain_s, sampler)):
+                        rows.append({"shape": shape, "provider": provider, "timer": name, "round": "sustained",
+                                     "index": i, **block})  # fmt: skip
+                    print(rows[-1], flush=True)
             torch.cuda.empty_cache()
     return rows
 
@@ -138,17 +166,21 @@ def measure(shapes: list[str], providers: list[str], fwd_bwd: bool, rounds: int,
 def summarise(rows: list[dict]) -> dict:
     """Per shape, provider and timer: the first measurement of each round (after idle) and the rest (bursts), each as
     the median time and mean clock; the time scaled to the top clock seen (``ms · MHz / top``, what a call bound by its
-    arithmetic would take there), as the median and spread of the bursts; and the spread of the raw times."""
+    arithmetic would take there), as the median and spread of the bursts; the spread of the rounds' raw times; and
+    the sustained run's second half (median ms per call, mean clock, share capped) where there is one."""
     summary = {}
     top = max((r["sm_mhz_mean"] for r in rows if r.get("samples")), default=None)
     for key in dict.fromkeys((r["shape"], r["provider"], r["timer"]) for r in rows):
-        mine = [r for r in rows if (r["shape"], r["provider"], r["timer"]) == key and r.get("samples")]
+        of_call = [r for r in rows if (r["shape"], r["provider"], r["timer"]) == key and r.get("samples")]
+        mine = [r for r in of_call if r["round"] != "sustained"]
+        held = [r for r in of_call if r["round"] == "sustained"]
+        entry = {}
         if mine:
             first = [r for r in mine if r["index"] == 0]
             rest = [r for r in mine if r["index"] > 0] or first
             scaled = [r["ms"] * r["sm_mhz_mean"] / top for r in rest]
             times = [r["ms"] for r in mine]
-            summary[" ".join(key)] = {
+            entry = {
                 "after_idle": {"ms": round(statistics.median(r["ms"] for r in first), 4),
                                "sm_mhz": round(statistics.fmean(r["sm_mhz_mean"] for r in first), 1)},
                 "bursts": {"ms": round(statistics.median(r["ms"] for r in rest), 4),
@@ -158,6 +190,16 @@ def summarise(rows: list[dict]) -> dict:
                 "at_top_clock_spread": round(max(scaled) / min(scaled) - 1, 4),
                 "spread": round(max(times) / min(times) - 1, 4),
             }  # fmt: skip
+        if held:  # its second half: where the clock has settled
+            late = [r for r in held if r["second"] >= held[-1]["second"] / 2]
+            entry["sustained"] = {
+                "ms": round(statistics.median(r["ms"] for r in late), 4),
+                "sm_mhz": round(statistics.fmean(r["sm_mhz_mean"] for r in late), 1),
+                "capped_share": round(statistics.fmean(r["capped_share"] for r in late), 3),
+                "seconds": held[-1]["second"],
+            }
+        if entry:
+            summary[" ".join(key)] = entry
     return {"top_sm_mhz": top, "calls": summary}
 
 
@@ -170,6 +212,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--bursts", type=int, default=8, help="measurements per round, back to back")
     parser.add_argument("--idle-s", type=float, default=5.0, help="idle before each round")
+    parser.add_argument("--sustain-s", type=float, default=0.0, help="then each call back to back this long")
     parser.add_argument("--out", default=None, help="write the JSON here")
     args = parser.parse_args()
     if set(args.providers.split(",")) - set(LIGHTNING_ATTN.providers):
@@ -179,7 +222,7 @@ def main() -> int:
     sampler = Sampler()
     try:
         rows = measure(args.shapes.split(","), args.providers.split(","), args.fwd_bwd, args.rounds, args.bursts,
-                       args.idle_s, sampler)  # fmt: skip
+                       args.idle_s, sampler, args.sustain_s)  # fmt: skip
     finally:
         sampler.close()
     summary = summarise(rows)

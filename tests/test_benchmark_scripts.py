@@ -8,6 +8,7 @@ import math
 import os
 import pathlib
 import runpy
+import statistics
 import subprocess
 import sys
 
@@ -246,6 +247,13 @@ def test_clocks_reads_samples_and_scales_times_to_the_top_clock(scripts):
     assert per["bursts"]["sm_mhz"] == 1725.0 and per["bursts"]["capped_share"] == 1.0
     assert per["at_top_clock_ms"] == pytest.approx(1.0) and per["at_top_clock_spread"] == pytest.approx(0, abs=1e-4)
     assert per["spread"] == pytest.approx(1980 / 1650 - 1, abs=1e-4)  # the row without samples is left out
+    assert "sustained" not in per
+
+    held = [{**row(i, mhz), "round": "sustained", "second": 0.1 * i} for i, mhz in enumerate((1980.0, 1700.0, 1600.0))]
+    per = clocks.summarise(held)["calls"]["2x64x256 ours-chunk fwd_ms"]
+    assert list(per) == ["sustained"]  # no rounds: only the sustained run, its second half (from 0.1 s on)
+    assert per["sustained"]["sm_mhz"] == 1650.0 and per["sustained"]["seconds"] == pytest.approx(0.2)
+    assert per["sustained"]["ms"] == pytest.approx(statistics.median([1.98 / 1.7, 1.98 / 1.6]), abs=1e-4)
 
 
 def test_child_runs_collect_each_process_last_json_line(scripts, tmp_path):
