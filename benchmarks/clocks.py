@@ -4,8 +4,9 @@ Per shape (bf16, H = 16) and provider of ``lightning-attention bench kernels`` (
 inputs and calls as that benchmark), one process times the forward (and with ``--fwd-bwd`` the forward + backward)
 in rounds: after ``--idle-s`` seconds of idle, ``--bursts`` measurements back to
 back (``timed_calls.device_ms``, about 0.15 s each). ``nvidia-smi`` samples the GPU every 50 ms meanwhile (SM clock,
-power draw, whether the software power cap is lowering the clock) and every measurement gets the samples of its own
-window: the mean and lowest SM clock, the mean power and the share of samples under the power cap. With
+power draw, whether the software power cap is lowering the clock; ``lightning_attention.bench.clocks``, which
+``bench kernels`` uses for every point) and every measurement gets the samples of its own window: the mean and
+lowest SM clock, the mean power and the share of samples under the power cap. With
 ``--sustain-s`` each call then runs back to back for that long, as a training loop would, timed in blocks of about
 0.1 s (CUDA events, no L2 flush).
 
@@ -20,81 +21,16 @@ the power cap") cites what it found.
 """
 
 import argparse
-import shutil
 import statistics
-import subprocess
 import sys
-import threading
 import time
 
 import torch
 from timed_calls import device_ms, parse_shape, write_json
 
+from lightning_attention.bench import clocks
 from lightning_attention.bench.providers import GRID_HEADS, LIGHTNING_ATTN
 from lightning_attention.bench.registry import Shape
-
-SAMPLE_MS = 50
-FIELDS = "clocks.sm,power.draw,clocks_throttle_reasons.sw_power_cap"
-
-
-def gpu_limits() -> dict:
-    """The power limit in force and the top SM clock of GPU 0, as ``nvidia-smi`` reports them."""
-    fields = "power.limit,clocks.max.sm"
-    cmd = [shutil.which("nvidia-smi") or "nvidia-smi", "-i", "0", f"--query-gpu={fields}", "--format=csv,noheader"]
-    values = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().split(",")
-    return dict(zip(fields.split(","), (v.strip() for v in values)))
-
-
-def parse_sample(line: str) -> tuple[float, float, bool] | None:
-    """One ``nvidia-smi`` line of :data:`FIELDS` (csv, no header, no units) -> (SM MHz, watts, power-capped), or None
-    for a line that is not one (a field the driver reports as N/A)."""
-    parts = [p.strip() for p in line.split(",")]
-    if len(parts) != 3:
-        return None
-    try:
-        return float(parts[0]), float(parts[1]), parts[2] == "Active"
-    except ValueError:
-        return None
-
-
-class Sampler:
-    """``nvidia-smi`` polling GPU 0 every :data:`SAMPLE_MS` ms in the background: ``window(t0, t1)`` summarises the
-    samples taken between two ``time.monotonic()`` readings."""
-
-    def __init__(self):
-        cmd = [shutil.which("nvidia-smi") or "nvidia-smi", "-i", "0", f"--query-gpu={FIELDS}",
-               "--format=csv,noheader,nounits", f"-lms={SAMPLE_MS}"]  # fmt: skip
-        self.samples: list[tuple[float, float, float, bool]] = []
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            sample = parse_sample(line)
-            if sample is not None:
-                self.samples.append((time.monotonic(), *sample))
-
-    def window(self, t0: float, t1: float) -> dict:
-        return summarise_window([s for s in self.samples if t0 <= s[0] <= t1])
-
-    def close(self):
-        self.proc.terminate()
-        self.proc.wait()
-
-
-def summarise_window(samples: list[tuple[float, float, float, bool]]) -> dict:
-    """(time, SM MHz, watts, capped) samples -> mean and lowest clock, mean power, share of samples capped."""
-    if not samples:
-        return {"samples": 0}
-    clocks = [s[1] for s in samples]
-    return {
-        "samples": len(samples),
-        "sm_mhz_mean": round(statistics.fmean(clocks), 1),
-        "sm_mhz_min": min(clocks),
-        "watts_mean": round(statistics.fmean(s[2] for s in samples), 1),
-        "capped_share": round(sum(s[3] for s in samples) / len(samples), 3),
-    }
 
 
 def timers(provider: str, B: int, T: int, D: int, fwd_bwd: bool) -> dict:
@@ -217,9 +153,9 @@ def main() -> int:
     args = parser.parse_args()
     if set(args.providers.split(",")) - set(LIGHTNING_ATTN.providers):
         parser.error(f"--providers: of {', '.join(LIGHTNING_ATTN.providers)}")
-    if not torch.cuda.is_available() or shutil.which("nvidia-smi") is None:
+    sampler = clocks.start(torch.device("cuda")) if torch.cuda.is_available() else None
+    if sampler is None:
         parser.error("needs a CUDA GPU and nvidia-smi")
-    sampler = Sampler()
     try:
         rows = measure(args.shapes.split(","), args.providers.split(","), args.fwd_bwd, args.rounds, args.bursts,
                        args.idle_s, sampler, args.sustain_s)  # fmt: skip
@@ -233,7 +169,7 @@ def main() -> int:
 
     write_json(args.out, {
         "machine_line": machine_line(machine_info(torch.device("cuda"))), "command": "python " + " ".join(sys.argv),
-        "source": source_digest(), "limits": gpu_limits(), "summary": summary, "rows": rows,
+        "source": source_digest(), "limits": clocks.limits(torch.device("cuda")), "summary": summary, "rows": rows,
     })  # fmt: skip
     return 0
 

@@ -191,6 +191,29 @@ def test_grid_b_flatness_from_graph_replays(tmp_path, capsys):
     assert "| 32768 | 23.4 M (1.40 ms); graph 34.5 M (0.950 ms) | - |" in capsys.readouterr().out
 
 
+def test_clock_line_of_a_run_that_sampled_the_clock(tmp_path, capsys):
+    """Records with the SM clock of their measurements: one line under the grid's table, per provider and timer the
+    range of the per-T means and the mean share capped; a provider without clock fields is left out of it."""
+    w = _writer(tmp_path / "kernels", "kernels", "d1")
+    w.set("grids", {"a-d256": {"description": "grid (a) K=256", "head_dim": 256}})
+    for T, mhz, capped in ((1024, 1980.0, 0.0), (2048, 1650.0, 1.0)):
+        w.add("results", _record("a-d256", "ours-chunk", T, 65536 // T, 1.1, 5.0, k=256, fwd_sm_mhz=mhz,
+                                 fwd_capped_share=capped, fwdbwd_sm_mhz=1640.0, fwdbwd_capped_share=1.0))
+        w.add("results", _record("a-d256", "fla", T, 65536 // T, 2.3, 13.7, k=256))
+    w.set("elapsed_s", 1.0)
+    assert tables.main([str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    line = ("SM clock over each measurement (its mean; the share of samples under the power cap): ours (chunk) fwd "
+            "1,650–1,980 MHz (50% capped) ; ours (chunk) fwd+bwd 1,640–1,640 MHz (100% capped).")
+    assert line in text, text
+    kern = merge_kernels(load_run(tmp_path).of("kernels"))
+    assert tables.clock_line(kern, "a-d256") == line
+    for r in kern.rows.values():  # the same run without clock fields: no line
+        for key in [k for k in r if "_sm_mhz" in k or "_capped_share" in k]:
+            del r[key]
+    assert tables.clock_line(kern, "a-d256") is None
+
+
 def test_accuracy_target_takes_the_measurement_beside_fla(tmp_path):
     """Two documents measure K = 128 (grid (a) with FLA, grid (b) ours only, in that order and the reverse): the
     target compares the one that has FLA's error beside it, never reporting K = 128 as not measured."""

@@ -5,7 +5,8 @@ For each head dim and grid (docs/design.md, "Benchmark grids": (a) a 65,536-toke
 provider (:mod:`.providers`), provider-major so a failing provider fails alone:
 
 1. cold start: wall time of the first fwd+bwd call of a new shape class (compile + autotune), for ours and FLA;
-2. two warm-up calls, then fwd and fwd+bwd medians (``triton.testing.do_bench`` on CUDA);
+2. two warm-up calls, then fwd and fwd+bwd medians (``triton.testing.do_bench`` on CUDA), each with the GPU's SM
+   clock over its measurement and the share of it under the power cap (:mod:`.clocks`);
 3. peak memory of one fwd+bwd and the workspace (:func:`metrics.workspace_bytes`), on CUDA;
 4. tokens/s, TFLOP/s, the HBM floor from the copy bandwidth measured at the start of the run, and the ratio to it.
 
@@ -18,7 +19,7 @@ import pathlib
 
 import torch
 
-from lightning_attention.bench import metrics, providers
+from lightning_attention.bench import clocks, metrics, providers
 from lightning_attention.bench.progress import progress, write
 from lightning_attention.bench.registry import Provider, Shape, ShapeSet, head_class_of
 from lightning_attention.bench.results import ResultWriter, fmt, format_table, load_plots
@@ -61,9 +62,11 @@ def measure_case(
     rep_ms: float,
     seed: int,
     cuda_graphs: bool = False,
+    sampler: clocks.Sampler | None = None,
 ) -> dict:
     """Every number of one (provider, shape) point; never raises for a provider failure (status says what happened).
-    ``cuda_graphs``: also the fwd+bwd as a CUDA-graph replay (:func:`_graph_replay`)."""
+    ``cuda_graphs``: also the fwd+bwd as a CUDA-graph replay (:func:`_graph_replay`). ``sampler``: the clock of each
+    timed measurement, as ``<timer>_sm_mhz`` (the window's mean) and ``<timer>_capped_share``."""
     record = {"grid": grid, "provider": provider.name, "family": provider.family, **shape.to_json()}
     record["tokens"] = shape.tokens
     if provider.max_seqlen is not None and shape.seqlen > provider.max_seqlen:
@@ -91,10 +94,9 @@ def measure_case(
         for _ in range(2 if device.type == "cuda" else 0):  # finish any autotuning before the clock runs
             _clear(prepared.leaves)
             prepared.forward_backward()
-        fwd = bench(prepared.run_forward, device, warmup_ms=warmup_ms, rep_ms=rep_ms, grad_to_none=prepared.leaves)
-        fwdbwd = bench(
-            prepared.forward_backward, device, warmup_ms=warmup_ms, rep_ms=rep_ms, grad_to_none=prepared.leaves
-        )
+        timer = {"warmup_ms": warmup_ms, "rep_ms": rep_ms, "grad_to_none": prepared.leaves, "sampler": sampler}
+        fwd = bench(prepared.run_forward, device, **timer)
+        fwdbwd = bench(prepared.forward_backward, device, **timer)
         record.update(
             status="ok",
             fwd_ms=fwd.median_ms,
@@ -109,6 +111,8 @@ def measure_case(
             tflops_fwdbwd=metrics.tflops(flops_fwdbwd, fwdbwd.median_ms),
             floor_ratio_fwd=fwd.median_ms / record["floor_fwd_ms"],
             floor_ratio_fwdbwd=fwdbwd.median_ms / record["floor_fwdbwd_ms"],
+            **clock_fields("fwd", fwd),
+            **clock_fields("fwdbwd", fwdbwd),
         )
         _clear(prepared.leaves)
         memory = peak_memory(prepared.forward_backward, device)
@@ -123,7 +127,7 @@ def measure_case(
                 workspace_ratio=workspace / metrics.input_bytes(shape),
             )
         if cuda_graphs and device.type == "cuda":
-            record.update(_graph_replay(prepared, shape, device, warmup_ms, rep_ms))
+            record.update(_graph_replay(prepared, shape, device, warmup_ms, rep_ms, sampler))
     except Exception as exc:  # noqa: BLE001 - one provider failing must not stop the run
         record_failure(record, exc)
     finally:
@@ -132,7 +136,16 @@ def measure_case(
     return record
 
 
-def _graph_replay(prepared, shape: Shape, device: torch.device, warmup_ms: float, rep_ms: float) -> dict:
+def clock_fields(timer: str, timing) -> dict:
+    """``<timer>_sm_mhz`` and ``<timer>_capped_share`` of a :class:`.timing.Timing` whose clock was sampled."""
+    clock = timing.clock or {}
+    if not clock.get("samples"):
+        return {}
+    return {f"{timer}_sm_mhz": clock["sm_mhz_mean"], f"{timer}_capped_share": clock["capped_share"]}
+
+
+def _graph_replay(prepared, shape: Shape, device: torch.device, warmup_ms: float, rep_ms: float,
+                  sampler: clocks.Sampler | None = None) -> dict:  # fmt: skip
     """The fwd+bwd captured once in a CUDA graph and timed as replays: the device's time without the host's (launches,
     autograd), which the grid (b) target lets take out at batch 1. A provider that cannot be captured gets the reason
     instead of a time (its plain timing stands)."""
@@ -145,12 +158,13 @@ def _graph_replay(prepared, shape: Shape, device: torch.device, warmup_ms: float
         replay = graphed(fresh_gradients, device)
     except Exception as exc:  # noqa: BLE001 - a capture failure is a finding about the provider, not a crash
         return {"fwdbwd_graph_error": f"{type(exc).__name__}: {exc}"[:300]}
-    timing = bench(replay, device, warmup_ms=warmup_ms, rep_ms=rep_ms)
+    timing = bench(replay, device, warmup_ms=warmup_ms, rep_ms=rep_ms, sampler=sampler)
     return {
         "fwdbwd_graph_ms": timing.median_ms,
         "fwdbwd_graph_p20_ms": timing.p20_ms,
         "fwdbwd_graph_p80_ms": timing.p80_ms,
         "tokens_per_s_fwdbwd_graph": metrics.tokens_per_s(shape.tokens, timing.median_ms),
+        **clock_fields("fwdbwd_graph", timing),
     }
 
 
@@ -330,30 +344,39 @@ def run(args, device: torch.device, writer: ResultWriter, out: pathlib.Path) -> 
     writer.set("providers", {p.name: {"label": p.label, "family": p.family} for p in chosen})
     seen_classes: set[tuple[str, str]] = set()
     total = sum(len(s.shapes) for _, s in sets) * len(chosen)
-    with progress(total=total, desc="kernels", unit="case") as bar:
-        for _, shape_set in sets:
-            for provider in chosen:
-                for shape in shape_set.shapes:
-                    bar.set_postfix_str(f"{provider.name} {shape.label()}")
-                    key = (provider.name, shape.head_class)
-                    cold = provider.cold_start and key not in seen_classes
-                    seen_classes.add(key)
-                    record = measure_case(
-                        provider,
-                        shape,
-                        shape_set.name,
-                        device,
-                        bandwidth["bytes_per_s"],
-                        cold=cold,
-                        warmup_ms=args.warmup_ms,
-                        rep_ms=args.rep_ms,
-                        seed=args.seed,
-                        cuda_graphs=getattr(args, "cuda_graphs", False),
-                    )
-                    writer.add("results", record)
-                    if record["status"] not in ("ok", "skipped"):
-                        write(f"{provider.name} {shape.label()}: {record['status']}: {record['error']}")
-                    bar.update()
+    sampler = clocks.start(device)
+    gpu_limits = clocks.limits(device)
+    if gpu_limits is not None:
+        writer.set("gpu_limits", gpu_limits)
+    try:
+        with progress(total=total, desc="kernels", unit="case") as bar:
+            for _, shape_set in sets:
+                for provider in chosen:
+                    for shape in shape_set.shapes:
+                        bar.set_postfix_str(f"{provider.name} {shape.label()}")
+                        key = (provider.name, shape.head_class)
+                        cold = provider.cold_start and key not in seen_classes
+                        seen_classes.add(key)
+                        record = measure_case(
+                            provider,
+                            shape,
+                            shape_set.name,
+                            device,
+                            bandwidth["bytes_per_s"],
+                            cold=cold,
+                            warmup_ms=args.warmup_ms,
+                            rep_ms=args.rep_ms,
+                            seed=args.seed,
+                            cuda_graphs=getattr(args, "cuda_graphs", False),
+                            sampler=sampler,
+                        )
+                        writer.add("results", record)
+                        if record["status"] not in ("ok", "skipped"):
+                            write(f"{provider.name} {shape.label()}: {record['status']}: {record['error']}")
+                        bar.update()
+    finally:  # the poller is a process of its own: it must not outlive the run
+        if sampler is not None:
+            sampler.close()
     for dim in args.head_dims:
         shape = providers.accuracy_shape(dim, args.quick)
         expected = accuracy_reference(shape, device, args.seed)

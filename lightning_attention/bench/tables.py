@@ -121,7 +121,31 @@ def grid_a_table(kern: Kernels, grid: str) -> list[str]:
                 num(me.get("workspace_ratio")) if ok else "-",
             ]
         )
-    return [f"{kern.grids[grid]} — median ms (fwd / fwd+bwd); ours = {ours}", "", md_table(headers, rows)]
+    out = [f"{kern.grids[grid]} — median ms (fwd / fwd+bwd); ours = {ours}", "", md_table(headers, rows)]
+    clock = clock_line(kern, grid)
+    return out + ["", clock] if clock else out
+
+
+# the timers whose SM clock a run records (``bench.kernels.clock_fields``), as a clock line names them
+CLOCK_TIMERS = (("fwd", "fwd"), ("fwdbwd", "fwd+bwd"), ("fwdbwd_graph", "fwd+bwd graph"))
+
+
+def clock_line(kern: Kernels, grid: str) -> str | None:
+    """Per provider and timer, the range of the SM clock's mean over each T's measurement and the mean share of it
+    under the power cap: a call bound by its arithmetic slows where the cap lowers the clock (docs/kernels.md, "The
+    power cap"). None when the run recorded no clock."""
+    parts = []
+    for p in providers_in(kern, grid):
+        at = [r for t in seqlens_of(kern, grid) if (r := kern.rows.get((grid, p, t))) is not None]
+        for timer, label in CLOCK_TIMERS:
+            mhz = [r[f"{timer}_sm_mhz"] for r in at if r.get(f"{timer}_sm_mhz") is not None]
+            if mhz:
+                capped = sum(r[f"{timer}_capped_share"] for r in at if r.get(f"{timer}_sm_mhz") is not None) / len(mhz)
+                parts.append(f"{PROVIDERS.get(p, p)} {label} {min(mhz):,.0f}–{max(mhz):,.0f} MHz "
+                             f"({100 * capped:.0f}% capped)")  # fmt: skip
+    if not parts:
+        return None
+    return f"SM clock over each measurement (its mean; the share of samples under the power cap): {' ; '.join(parts)}."
 
 
 def grid_b_table(kern: Kernels, grid: str) -> list[str]:

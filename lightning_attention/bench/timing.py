@@ -12,19 +12,23 @@ from collections.abc import Callable
 
 import torch
 
-from lightning_attention.bench import metrics
+from lightning_attention.bench import clocks, metrics
 from lightning_attention.bench.results import clean
 from lightning_attention.utils.cuda_graph import capture
 
 
 @dataclasses.dataclass(frozen=True)
 class Timing:
+    """``clock``: the GPU's clock over the measurement's window (:func:`.clocks.summarise_window`), where sampled."""
+
     median_ms: float
     p20_ms: float
     p80_ms: float
+    clock: dict | None = None
 
     def to_json(self) -> dict:
-        return {"median_ms": self.median_ms, "p20_ms": self.p20_ms, "p80_ms": self.p80_ms}
+        out = {"median_ms": self.median_ms, "p20_ms": self.p20_ms, "p80_ms": self.p80_ms}
+        return out if self.clock is None else {**out, "clock": self.clock}
 
 
 def synchronize(device: torch.device) -> None:
@@ -44,8 +48,10 @@ def bench(
     warmup_ms: float,
     rep_ms: float,
     grad_to_none: list[torch.Tensor] | None = None,
+    sampler: "clocks.Sampler | None" = None,
 ) -> Timing:
-    """Median time of ``fn()`` with the 20/80 percentiles (gradients of ``grad_to_none`` cleared before each run).
+    """Median time of ``fn()`` with the 20/80 percentiles (gradients of ``grad_to_none`` cleared before each run),
+    and the GPU's clock over the measurement where a ``sampler`` (:func:`.clocks.start`) polls it.
 
     CUDA: ``triton.testing.do_bench`` (flushes L2 between runs). CPU: ``torch.utils.benchmark.Timer``'s
     ``blocked_autorange`` over ``rep_ms`` with this process's thread count (its percentiles are over blocks of runs)
@@ -54,10 +60,12 @@ def bench(
     if device.type == "cuda":
         import triton.testing
 
+        t0 = time.monotonic()
         q50, q20, q80 = triton.testing.do_bench(
             fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=grad_to_none, quantiles=[0.5, 0.2, 0.8]
         )
-        return Timing(float(q50), float(q20), float(q80))
+        clock = sampler.window(t0, time.monotonic()) if sampler is not None else None
+        return Timing(float(q50), float(q20), float(q80), clock)
     from torch.utils import benchmark
 
     def run() -> None:
