@@ -12,9 +12,9 @@ lowest SM clock, the mean power and the share of samples under the power cap. Wi
 
 A call whose time moves with the clock under the cap is bound by its arithmetic (a memory-bound call keeps its time:
 the memory clock is not capped); its time on another GPU of the same model depends on where that GPU settles under
-the cap. ``summary`` gives, per shape and timer, the first measurement after idle and the bursts' median, each with
-its clock, and the time the call would take at the top clock if it scales with it. docs/kernels.md ("K = 256 under
-the power cap") cites what it found.
+the cap. ``summary`` gives, per shape, provider and timer, the first measurement after idle and the bursts' median,
+each with its clock, the time the call would take at the top clock if it scales with it, and the sustained run's
+settled time. docs/kernels.md ("The power cap") cites what it found.
 
     python benchmarks/clocks.py --shapes 2x32768x256,2x32768x128,8x8192x64 --providers ours-chunk,fla --fwd-bwd \
         --out clocks.json

@@ -7,15 +7,16 @@ problem and pad alive so that each lands somewhere new; each problem's forward i
 the address of q modulo 2 MiB and the offsets of k, v, do and the output o from q, in MiB. ``--processes`` fresh
 processes repeat the same sequence of allocations.
 
-Times that repeat placement by placement across processes come from where the tensors lie; times that move with the
-process, from the process. ``summary`` gives, per shape and timer, the spread over the placements (each placement's
-median over the processes) and the largest spread of one placement over the processes
-(:func:`summarise`).
+Times that repeat placement by placement across processes come from where the tensors lie, or from the point of the
+sequence where they are measured (the GPU's clock falls under its power cap the same way in every process:
+``benchmarks/clocks.py`` records it); times that move with the process, from the process. ``summary`` gives, per
+shape and timer, the spread over the placements (each placement's median over the processes) and the largest spread
+of one placement over the processes (:func:`summarise`).
 
 ``--shift`` asks which tensor's place matters: q, k and v are carved from one buffer, each with room to move, and one
 tensor at a time is moved by each offset of ``--offsets-kib`` (the others stay) before the forward is timed
-(:func:`measure_shifts`); every process repeats the same offsets in the same buffer layout. docs/kernels.md ("Open
-leads", K = 256 stability) cites what it found.
+(:func:`measure_shifts`); every process repeats the same offsets in the same buffer layout. docs/kernels.md ("The
+power cap") cites what it found: the time followed the GPU's clock, not the placement (``benchmarks/clocks.py``).
 
     python benchmarks/placement.py --shapes 2x32768x256,8x8192x256,2x32768x128 --out placement.json
     python benchmarks/placement.py --shapes 2x32768x256 --shift q,k,v --processes 2 --out shifts.json
