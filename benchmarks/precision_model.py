@@ -9,6 +9,12 @@ Each intermediate can be fed as:
 - ``bf16``: rounded to bf16 (the default for bf16 inputs);
 - ``tf32``: rounded to tf32 (10 explicit significand bits), the product at half the bf16 rate;
 - ``split``: two bf16 halves hi + lo, two products (the ``split`` precision);
+- ``fp16s``: scaled by a power of two per row of the product's left operand or per column of its right one (the
+  scores per row, the state and the decayed values per column), rounded to fp16 (10 explicit significand bits, as
+  tf32) and scaled back, the product at the bf16 rate: fp16 operands need both sides in fp16, so the input operand of
+  the same product (v for ``A·V``, q for ``q·S``, k for ``Kᵀ·(λV)``) is converted the same way, which is exact for
+  bf16 inputs within 2²⁴ of their row's or column's largest entry. The scales cost no tensor-core time, but each is a
+  reduction over a row or column of a tile in registers: a kernel pays them elsewhere;
 - ``exact``: not rounded (a bound, not a kernel: no product time).
 
 Per combination the script prints the relative L2 error of o (rounded to the output dtype, as the kernel stores it)
@@ -29,14 +35,27 @@ import torch
 
 from lightning_attention.utils.testing import relative_error
 
-MODES = ("bf16", "tf32", "split", "exact")
-PRODUCT_COST = {"bf16": 1, "tf32": 2, "split": 2}  # tensor-core time per FLOP against one bf16 product
+MODES = ("bf16", "tf32", "split", "fp16s", "exact")
+PRODUCT_COST = {"bf16": 1, "tf32": 2, "split": 2, "fp16s": 1}  # tensor-core time per FLOP against one bf16 product
+FP16_TOP = 14  # fp16s scales a row or column so that its largest magnitude lies in [2^14, 2^15), below fp16's 65504
 
 
-def round_to(x: torch.Tensor, mode: str) -> torch.Tensor:
-    """``x`` (float64) as the tensor cores would see it fed as ``mode`` (module docstring)."""
+def fp16_scaled(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """``x`` (float64) through fp16 with a power-of-two scale per slice along ``dim`` (the reduced dimension: -1 scales
+    each row, -2 each column), back in float64; an all-zero slice keeps scale 1."""
+    top = x.abs().amax(dim=dim, keepdim=True)
+    exponent = torch.where(top > 0, torch.floor(torch.log2(top.clamp(min=1e-300))), torch.zeros_like(top))
+    scale = torch.exp2(FP16_TOP - exponent)
+    return (x * scale).to(torch.float16).double() / scale
+
+
+def round_to(x: torch.Tensor, mode: str, dim: int = -1) -> torch.Tensor:
+    """``x`` (float64) as the tensor cores would see it fed as ``mode`` (module docstring); ``dim``: the dimension
+    ``fp16s`` reduces for its scales (-1 for a left operand, -2 for a right one)."""
     if mode == "exact":
         return x
+    if mode == "fp16s":
+        return fp16_scaled(x, dim)
     if mode == "bf16":
         return x.to(torch.bfloat16).double()
     if mode == "split":
@@ -65,8 +84,12 @@ def walk_output(q, k, v, slope, chunk: int, scores: str, state: str, values: str
     for c in range(0, T, chunk):
         qc, kc, vc = q[:, :, c : c + chunk], k[:, :, c : c + chunk], v[:, :, c : c + chunk]
         A = (qc @ kc.transpose(-1, -2)) * decay
-        o = round_to(A, scores) @ vc + q_decay * (qc @ round_to(S, state))
-        S = lam**chunk * S + kc.transpose(-1, -2) @ round_to(v_decay * vc, values)
+        # fp16s also converts the input operand of the same product (exact for bf16 values within range)
+        v_in = fp16_scaled(vc, -2) if scores == "fp16s" else vc
+        q_in = fp16_scaled(qc, -1) if state == "fp16s" else qc
+        k_in = fp16_scaled(kc, -2) if values == "fp16s" else kc
+        o = round_to(A, scores, -1) @ v_in + q_decay * (q_in @ round_to(S, state, -2))
+        S = lam**chunk * S + k_in.transpose(-1, -2) @ round_to(v_decay * vc, values, -2)
         out.append(o)
     return torch.cat(out, dim=2)
 

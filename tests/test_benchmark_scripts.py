@@ -180,6 +180,26 @@ def test_precision_model_reproduces_the_measured_ratios(scripts):
     assert rows["split", "split", "split"]["product_time"] == pytest.approx(7 / 4)  # 4 equal products, 3 doubled
 
 
+def test_precision_model_fp16_with_power_of_two_scales(scripts):
+    """fp16s: a power-of-two scale per row (or column) keeps any magnitude in fp16's range with its 11 significand bits
+    (bf16 values pass exactly, zeros stay zeros, values far beyond 65504 come back finite), and fed so, the three
+    intermediates land near the rounding floor at the default's product time."""
+    import precision_model as pm
+
+    big, small = 1.5 * 2**31, -(1 + 2**-11 + 2**-13) * 2**30
+    x = torch.tensor([[big, small, 0.0], [0.0, 0.0, 0.0], [1e-30, 2e-30, -5e-31]], dtype=torch.float64)
+    rows = pm.fp16_scaled(x, -1)
+    assert torch.isfinite(rows).all() and rows[1].eq(0).all()
+    torch.testing.assert_close(rows, x, rtol=2**-11, atol=0)  # within fp16's rounding, per row, at any magnitude
+    assert rows[0, 1] == -(1 + 2**-10) * 2**30  # 11 significand bits, to nearest
+    assert pm.fp16_scaled(x, -2)[2, 0] == 0  # per column: 1e-30 lies 2^130 below its column's largest
+    bf16 = (torch.randn(8, 8, dtype=torch.float64) * 1e6).to(torch.bfloat16).double()
+    assert torch.equal(pm.fp16_scaled(bf16, -1), bf16) and torch.equal(pm.fp16_scaled(bf16, -2), bf16)
+    rows = {(r["scores"], r["state"], r["values"]): r for r in pm.model(32, 256, 2, 32, 32, "tnl", ("bf16", "fp16s"))}
+    assert rows["fp16s", "fp16s", "fp16s"]["vs_floor"] < 1.05 < 1.3 < rows["bf16", "bf16", "bf16"]["vs_floor"]
+    assert rows["fp16s", "fp16s", "fp16s"]["product_time"] == 1.0
+
+
 def test_placement_records_offsets_and_tells_placement_from_process(scripts):
     """placement.py: where a problem's tensors lie (offsets from q), and its summary's two spreads on made-up times,
     where the placement sets the time and the processes agree within 2%."""
