@@ -200,7 +200,7 @@ def settings_changes(items: list[str]) -> dict:
         kind = fields[name].type
         if text.strip().lower() == "none" and type(None) in typing.get_args(kind):
             changes[name] = None
-        elif kind is bool:
+        elif bool in (kind, *typing.get_args(kind)):
             changes[name] = text.strip().lower() in ("1", "true", "yes", "on")
         elif int in (kind, *typing.get_args(kind)):
             changes[name] = int(text)

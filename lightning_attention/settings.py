@@ -71,7 +71,8 @@ class Settings:
         kernel_config: a :class:`KernelPin` for every chunk walk instead of autotuning, or None.
         segment_len: tokens per segment of the long-sequence path (0: never segment), or None: the plan's choice.
         prepass_len: tokens per pre-pass piece (a multiple of 16 dividing the segment; 0: the segments), or None.
-        fused_dkdv: dk and dv from one fused reverse walk instead of two walks.
+        fused_dkdv: dk and dv from one fused reverse walk (True) or two walks (False); None: the plan's choice (the
+            fused walk at head dims of 64 with tensor descriptors, docs/kernels.md, "The fused dk/dv walk").
         bf16_inter: operand precision of the bf16 inter-chunk product with the fp32 state: ``"input"`` | ``"tf32"``.
         gluon: the two-warpgroup walk where it applies (K = 256, bf16, sm_90).
         tma: tensor descriptors where the inputs meet their alignment rules.
@@ -89,7 +90,7 @@ class Settings:
     kernel_config: KernelPin | None = None
     segment_len: int | None = None
     prepass_len: int | None = None
-    fused_dkdv: bool = False
+    fused_dkdv: bool | None = None
     bf16_inter: str = "input"
     gluon: bool = True
     tma: bool = True
@@ -144,7 +145,9 @@ def from_environment(environ: Mapping[str, str] = os.environ) -> Settings:
     for name, field in (("SEGMENT_LEN", "segment_len"), ("PREPASS_LEN", "prepass_len")):
         if (text := get(name)) is not None:
             values[field] = _int(PREFIX + name, text)
-    for name, field in (("DKDV", "fused_dkdv"), ("GLUON", "gluon"), ("TMA", "tma"), ("DIRECT_LAUNCH", "direct_launch"),
+    if (text := get("DKDV")) is not None:
+        values["fused_dkdv"] = None if text.strip().lower() == "auto" else _flag(PREFIX + "DKDV", text)
+    for name, field in (("GLUON", "gluon"), ("TMA", "tma"), ("DIRECT_LAUNCH", "direct_launch"),
                         ("TUNED_TABLE", "tuned_table"), ("COMPILE_AHEAD", "compile_ahead")):
         if (text := get(name)) is not None:
             values[field] = _flag(PREFIX + name, text)

@@ -24,6 +24,7 @@ from triton.backends.compiler import GPUTarget
 from lightning_attention.ops.lightning.device import SHARED_PER_BLOCK as SHARED_LIMITS
 from lightning_attention.ops.lightning.kernels.configs import (
     dkdv_candidates,
+    dkdv_descriptor_space,
     estimate_dkdv_shared_bytes,
     estimate_resident_shared_bytes,
     estimate_shared_bytes,
@@ -157,23 +158,35 @@ def build_walk(cc: int, dtype: str, DK: int, DV: int, cfg, flags: dict, pointers
     return result
 
 
-def build_dkdv(cc: int, dtype: str, DK: int, DV: int, cfg, flags: dict) -> dict:
+def dkdv_descriptors(cc: int, dtype: str, DK: int, DV: int, pointers: bool) -> bool:
+    """Whether the fused dk/dv walk moves its tiles by descriptors on ``cc``, as ``launches.dkdv_launch`` decides."""
+    state_bytes = state_operand_bytes(INTER_PREC[dtype])
+    return uses_descriptors(cc, {}, pointers) and bool(
+        dkdv_descriptor_space(DK, DV, ELEM_BYTES[dtype], state_bytes, SHARED_LIMITS[cc])
+    )
+
+
+def build_dkdv(cc: int, dtype: str, DK: int, DV: int, cfg, flags: dict, pointers: bool = False) -> dict:
     BT, BK, BV = cfg.kwargs["BT"], padded_dim(DK), padded_dim(DV)
+    tma = dkdv_descriptors(cc, dtype, DK, DV, pointers)
     constexprs = dict(
         DK=DK, DV=DV, BT=BT, BK=BK, BV=BV, VARLEN=0, HAS_DECAY=True, USE_H0=True, STORE_HT=True, SEG_IN=False,
-        INTER_ONLY=False, **_precision_constexprs(dtype, flags),
+        INTER_ONLY=False, USE_TMA=tma, **_precision_constexprs(dtype, flags),
     )  # fmt: skip
     state_bytes = state_operand_bytes(INTER_PREC[dtype])
-    estimate = estimate_dkdv_shared_bytes(BT, BK, BV, cfg.num_stages, ELEM_BYTES[dtype], state_bytes)
-    return _compile("dkdv", dkdv_kernel, cc, dtype, DK, DV, BT, BV, cfg, constexprs, flags, estimate)
+    estimate = estimate_dkdv_shared_bytes(BT, BK, BV, cfg.num_stages, ELEM_BYTES[dtype], state_bytes, tma)
+    result = _compile("dkdv", dkdv_kernel, cc, dtype, DK, DV, BT, BV, cfg, constexprs, flags, estimate)
+    result["pointers"], result["tma"] = pointers, tma
+    return result
 
 
-def dkdv_jobs(cc: int, dtype: str, DK: int, DV: int) -> list:
+def dkdv_jobs(cc: int, dtype: str, DK: int, DV: int, pointers: bool = False) -> list:
     """What the launcher can pick for the fused dk/dv walk on ``cc`` (nothing when it falls back to two walks)."""
     state_bytes = state_operand_bytes(INTER_PREC[dtype])
     if not use_dkdv_walk(DK, DV, ELEM_BYTES[dtype], state_bytes, SHARED_LIMITS[cc]):
         return []
-    return list(dkdv_candidates(DK, DV, ELEM_BYTES[dtype], state_bytes, SHARED_LIMITS[cc]))
+    tma = dkdv_descriptors(cc, dtype, DK, DV, pointers)
+    return list(dkdv_candidates(DK, DV, ELEM_BYTES[dtype], state_bytes, SHARED_LIMITS[cc], tma=tma))
 
 
 def build_scan(cc: int, varlen: int) -> dict:
@@ -219,10 +232,11 @@ def run_job(job: dict) -> list[dict]:
         return [build_ws(job["kernel"], job["cc"], job["DV"], job.get("flags", {}))]
     which = job.get("which", "all")
     flags = job.get("flags", {})
+    pointers = job.get("pointers", False)
     if job.get("kernel") == "dkdv":
-        cfgs, build_one = dkdv_jobs(job["cc"], job["dtype"], job["DK"], job["DV"]), build_dkdv
+        cfgs = dkdv_jobs(job["cc"], job["dtype"], job["DK"], job["DV"], pointers)
+        build_one = functools.partial(build_dkdv, pointers=pointers)
     else:
-        pointers = job.get("pointers", False)
         cfgs = dispatcher_configs(job["cc"], job["dtype"], job["DK"], job["DV"], flags, pointers)
         build_one = functools.partial(build_walk, pointers=pointers)
     cfgs = cfgs[:1] if which == "first" else cfgs[-1:] if which == "last" else cfgs

@@ -9,9 +9,9 @@ final states, TNL decay):
   forward walk and the dq, dk and dv walks run with ``c``.
 - ``prepass``: the segment pre-pass's candidates (``state_only=True``); segments of 256 tokens, so the pre-pass runs
   with ``c`` (and the scan and the segment-reading walks beside it).
-- ``dkdv``: the fused dk/dv walk's candidates (``configs.dkdv_candidates``) where the plan takes the walk
-  (``plan.use_fused_dkdv``: padded head dims up to 128, not under the split precision); whole sequences with
-  ``fused_dkdv`` on.
+- ``dkdv``: the fused dk/dv walk's candidates (``configs.dkdv_candidates``, with descriptors where the launch takes
+  them) where the plan takes the walk (``plan.use_fused_dkdv``: padded head dims up to 128, not under the split
+  precision); whole sequences with ``fused_dkdv`` on.
 
 A pin replaces the tuning space, and the unit first checks that the selector keeps ``c`` as given (so the launch ran
 ``c``, not a fallback). The walks with one configuration (the inter-only walk, the two-warpgroup walk, the scan, the
@@ -37,7 +37,12 @@ import torch
 import lightning_attention as la
 from lightning_attention import settings
 from lightning_attention.ops.lightning import naive, plan, run
-from lightning_attention.ops.lightning.kernels.configs import dkdv_candidates, state_operand_bytes, walk_candidates
+from lightning_attention.ops.lightning.kernels.configs import (
+    dkdv_candidates,
+    dkdv_descriptor_space,
+    state_operand_bytes,
+    walk_candidates,
+)
 from lightning_attention.utils.testing import relative_error, tolerance
 from tests import conftest  # the NaN-filling allocators (switched on in main)
 
@@ -72,7 +77,10 @@ def unit_candidates(
         if family == "dkdv":
             if not plan.use_fused_dkdv(problem, D, D):
                 return []
-            found = dkdv_candidates(D, D, q.element_size(), state_bytes, limit, 0, plan.pin(problem))
+            tma = plan.tma_enabled(problem.device, problem.settings) and bool(
+                dkdv_descriptor_space(D, D, q.element_size(), state_bytes, limit)
+            )  # as launches.dkdv_launch decides for the unit's contiguous tensors
+            found = dkdv_candidates(D, D, q.element_size(), state_bytes, limit, 0, plan.pin(problem), tma)
             return [dkdv_shape(c, D) for c in found]
         found = walk_candidates(
             D, D, q.element_size(), limit, state_only=family == "prepass",

@@ -119,7 +119,8 @@ def ci_builds():
     jobs += [{"cc": 90, "dtype": "bf16", "DK": d, "DV": d, "flags": flags, "pointers": True}
              for d, flags in ((128, FULL_FORWARD), (256, FULL_FORWARD), (256, PRE_PASS))]  # fmt: skip
     jobs += [{"kernel": "scan", "cc": cc} for cc in ARCHS]
-    jobs += [{"kernel": "dkdv", "cc": cc, "dtype": dt, "DK": 128, "DV": 128} for cc in ARCHS for dt in ("bf16", "fp16")]
+    jobs += [{"kernel": "dkdv", "cc": cc, "dtype": dt, "DK": d, "DV": d} for cc in ARCHS for dt in ("bf16", "fp16")
+             for d in (64, 128)]  # fmt: skip
     jobs += [{"cc": cc, "dtype": "bf16", "DK": dk, "DV": dv, "flags": INTER_ONLY_256}
              for cc in (80, 90) for dk, dv in ((128, 128), (16, 128))]  # fmt: skip
     jobs += [{"kernel": "walk_ws", "cc": 90, "DV": dv, "flags": flags} for dv, flags in WALK_WS_BUILDS]
@@ -294,9 +295,13 @@ def test_fp32_configs_fit_all(cc, slow_requested):
 @pytest.mark.parametrize("cc", ARCHS)
 def test_fused_dkdv_walk_configs_fit(ci_builds, cc):
     """Every configuration of the fused dk/dv walk the launcher can pick fits; bf16 at K = V = 128 uses it on every
-    target (fp16 and fp32, whose G operand is fp32, may fall back to the two walks where shared memory is small)."""
+    target (fp16 and fp32, whose G operand is fp32, may fall back to the two walks where shared memory is small). At
+    K = V = 64 the 16-bit builds on sm_90 move their tiles by descriptors, as the plan runs them by default (sm_120's
+    shared memory holds no such configuration: it keeps the two walks)."""
     builds = [r for r in ci_builds if r["kernel"] == "dkdv" and r["cc"] == cc]
     assert any(r["dtype"] == "bf16" for r in builds)
+    descriptors = {(r["dtype"], r["DK"]) for r in builds if r["tma"]}
+    assert descriptors == ({("bf16", 64), ("fp16", 64)} if cc == 90 else set()), descriptors
     check(builds)
 
 

@@ -194,28 +194,30 @@ def test_segmented_equals_unsegmented_path_in_fp32(triton_backend):
     assert_close("final_state", h2, h1.detach(), 1e-6)
 
 
+FUSED_CASES = [c for c in CASES if max(c.K, c.V) <= 128 and c.T > 0]
+
+
 @pytest.mark.parametrize(
     "case",
     [
         Case("two-walks-segments-h0", T=150, K=32, V=48, decay="mixed", seg=64, H=3),
         Case("two-walks-varlen-cpu-segments-bf16", T=116, K=64, V=32, cu=(0, 0, 1, 16, 16, 116), cu_cpu=True, seg=32,
              dtype=torch.bfloat16),
+        *(c for c in FUSED_CASES if c.dtype in (torch.float16, torch.bfloat16) and max(c.K, c.V) <= 64),
     ],
     ids=lambda c: c.id,
 )  # fmt: skip
-def test_two_walk_backward_on_segments_matches_float64(case, triton_backend):
-    """dk and dv from the two reverse walks (the default) with ``fused_dkdv=False`` set explicitly."""
+def test_two_walk_backward_matches_float64(case, triton_backend):
+    """dk and dv from the two reverse walks with ``fused_dkdv=False`` set explicitly: on segments, and on every
+    16-bit case at head dims the default sends to the fused walk."""
     triton_backend(fused_dkdv=False)
     check_case(case, triton_backend)
 
 
-FUSED_CASES = [c for c in CASES if max(c.K, c.V) <= 128 and c.T > 0]
-
-
 @pytest.mark.parametrize("case", FUSED_CASES, ids=lambda c: c.id)
 def test_fused_dkdv_walk_matches_float64(case, triton_backend):
-    """The opt-in fused dk/dv walk (the ``fused_dkdv`` setting) on every case it applies to (head dims <= 128),
-    segmented, varlen and strided ones included."""
+    """The fused dk/dv walk forced on (the ``fused_dkdv`` setting) on every case it applies to (head dims <= 128),
+    segmented, varlen and strided ones included; with descriptors where the default takes it (16-bit, K = V = 64)."""
     triton_backend(fused_dkdv=True)
     check_case(case, triton_backend)
 

@@ -89,7 +89,7 @@ def test_varlen_real_sizes_with_host_offsets():
 
 
 # every kind of launch sequence the dispatcher builds: the segmented path (pre-pass, scan, walks), the two-warpgroup
-# walk (bf16 K = 256), the fused dk/dv walk (a tuning knob), fp16 and fp32 products, packed sequences, the split
+# walk (bf16 K = 256), the fused dk/dv walk (K = 64's backward), fp16 and fp32 products, packed sequences, the split
 # precision, the recompute backward and a learned decay (its float32 backward and the slope's gradient)
 DETERMINISM = [
     pytest.param(1, 20000, 8, 128, torch.bfloat16, {}, id="bf16-K128-segmented"),

@@ -152,6 +152,27 @@ def test_auto_backward_picks_recompute_below_128kb_of_shared_memory():
     assert plan.use_recompute_backward("chunk", DeviceInfo.of_capability(86, sm_count=100)) is False
 
 
+def test_fused_dkdv_walk_by_default_at_k64_with_descriptors():
+    """By default (``fused_dkdv`` None) dk and dv come from the fused walk where it was measured faster: 16-bit
+    inputs, K = V = 64, descriptors on an sm_90 GPU; larger heads, float32, the split precision, the inter-only mode,
+    GPUs whose shared memory holds no descriptor configuration and pointer loads keep the two walks. The setting forces
+    either way."""
+    def fused(**kwargs):
+        p = problem(**{"B": 8, "T": 8192, "K": 64, "V": 64, **kwargs}, backward=True)
+        return plan.use_fused_dkdv(p, p.q.shape[-1], p.v.shape[-1])
+
+    assert fused() and fused(dtype=torch.float16) and fused(T=32768, B=2)
+    assert not fused(K=128, V=128) and not fused(K=64, V=128) and not fused(dtype=torch.float32)
+    assert not fused(precision="split") and not fused(inter_chunk=128) and not fused(tma=False)
+    for cc, expected in ((80, False), (90, True), (120, False)):  # descriptors from sm_90; sm_120's 99 KB hold none
+        assert fused(device=DeviceInfo.of_capability(cc, sm_count=100)) is expected
+    assert not fused(fused_dkdv=False)
+    assert fused(K=128, V=128, fused_dkdv=True) and fused(device=DeviceInfo.of_capability(80, sm_count=100),
+                                                          fused_dkdv=True)  # fmt: skip
+    launches = kernels_of(run.backward_program(problem(B=8, T=8192, K=64, V=64, backward=True)))
+    assert "lightning_attn dk/dv walk" in launches, launches
+
+
 # the plans of the benchmark grids on an H100
 
 

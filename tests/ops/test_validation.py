@@ -357,6 +357,12 @@ def test_settings_are_validated():
     })  # fmt: skip
     assert got == settings.Settings(backend="triton", debug=True, tma=False, prepass_len=0,
                                     kernel_config=settings.KernelPin(BT=32, num_stages=2))  # fmt: skip
+    # the fused dk/dv walk: the plan's choice unless forced either way
+    for text, expected in (("auto", None), ("Auto", None), ("1", True), ("0", False)):
+        assert settings.from_environment({"LIGHTNING_ATTENTION_DKDV": text}).fused_dkdv is expected
+    assert settings.from_environment({}).fused_dkdv is None
+    with pytest.raises(ValueError, match="LIGHTNING_ATTENTION_DKDV"):
+        settings.from_environment({"LIGHTNING_ATTENTION_DKDV": "fused"})
 
 
 def test_removed_variables_warn_once_at_import():

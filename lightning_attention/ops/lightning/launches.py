@@ -15,6 +15,7 @@ from lightning_attention.ops.lightning.kernels import dkdv_walk, tuned, walk, wa
 from lightning_attention.ops.lightning.kernels.configs import (
     cdiv,
     dkdv_candidates,
+    dkdv_descriptor_space,
     inter_only_config,
     inter_only_tile,
     padded_dim,
@@ -233,6 +234,15 @@ def dkdv_launch(b, p, q, k, v, do, dk, dv, *, slope, dht, dh0, g_states, plan, T
     DK, DV = q.shape[-1], v.shape[-1]
     dot_prec, inter_prec, _ = precisions(q.dtype, p.settings)  # never "split": use_fused_dkdv
     fixed_bt = inter_only_tile(inter_chunk) if inter_chunk else 0
+    # descriptors need whole chunks (not the inter-only mode), as in the walk, and run only the configurations measured
+    # with them (elsewhere the pointer loads of the fused walk's first space, as measured)
+    state_bytes = state_operand_bytes(inter_prec)
+    use_tma = (
+        not inter_chunk and tma_ready(p.device, p.settings, q, k, v, do, dk, dv)
+        and bool(dkdv_descriptor_space(DK, DV, q.element_size(), state_bytes, p.device.shared_per_block))
+    )  # fmt: skip
+    if use_tma and p.device.is_cuda:
+        b.call(ensure_allocator)
     cu = _cu_seqlens(b, p) if plan.varlen == 1 else None
     table = None if plan.seg_table is None else _segment_table(b, plan)
     args = (
@@ -251,10 +261,11 @@ def dkdv_launch(b, p, q, k, v, do, dk, dv, *, slope, dht, dh0, g_states, plan, T
         ACC=acc_dtype(q.dtype),
         DOT_PREC=dot_prec,
         INTER_PREC=inter_prec,
+        USE_TMA=use_tma,
         **({"BT": fixed_bt} if fixed_bt else {}),
     )  # fmt: skip
     candidates = dkdv_candidates(
-        DK, DV, q.element_size(), state_operand_bytes(inter_prec), p.device.shared_per_block, fixed_bt, pin(p)
+        DK, DV, q.element_size(), state_bytes, p.device.shared_per_block, fixed_bt, pin(p), use_tma
     )
     key = tuned.table_key("dkdv", _dtype_name(q), constexprs, dkdv_walk.autotune_key(candidates))
     _launch_tuned(b, p, "dkdv", _DKDV, candidates, H * plan.total, padded_dim(DV), args, constexprs, q, key)

@@ -28,6 +28,7 @@ from lightning_attention.ops.lightning.device import DeviceInfo
 from lightning_attention.ops.lightning.kernels import walk_ws
 from lightning_attention.ops.lightning.kernels.configs import (
     cdiv,
+    dkdv_descriptor_space,
     state_operand_bytes,
     use_dkdv_walk,
     walk_candidates,
@@ -433,13 +434,25 @@ def prepass_pieces(problem: ChunkProblem, plan: SegmentPlan, skip_final: bool, r
 
 
 def use_fused_dkdv(problem: ChunkProblem, DK: int, DV: int) -> bool:
-    """Whether dk and dv come from the fused walk (kernels/dkdv_walk.py) rather than two reverse walks: only with the
-    ``fused_dkdv`` setting (two walks are faster on the GPUs measured: docs/kernels.md, "The fused dk/dv walk"), and
-    only where its tiles cover the padded head dims (<= 128) and fit the shared memory."""
-    if not problem.settings.fused_dkdv or problem.settings.precision == "split":  # split products: the walks only
+    """Whether dk and dv come from the fused walk (kernels/dkdv_walk.py) rather than two reverse walks. The
+    ``fused_dkdv`` setting forces it on or off; by default (None) it runs where it was measured faster: 16-bit inputs
+    at head dims of 64 (padded) with tensor descriptors, a configuration of :func:`.configs.dkdv_descriptor_space`
+    fitting the shared memory (docs/kernels.md, "The fused dk/dv walk"); larger heads and pointer loads keep the two
+    walks. Never under the split precision (the walks alone split their operands), and only where its tiles cover
+    the padded head dims (<= 128) and fit the shared memory."""
+    choice = problem.settings.fused_dkdv
+    if choice is False or problem.settings.precision == "split":
         return False
+    elem_bytes, limit = problem.q.element_size(), problem.device.shared_per_block
     state_bytes = state_operand_bytes(inter_precision(problem))
-    return use_dkdv_walk(DK, DV, problem.q.element_size(), state_bytes, problem.device.shared_per_block)
+    if choice is None:
+        tensors = (problem.q, problem.k, problem.v, problem.do)
+        return (
+            problem.dtype in (torch.bfloat16, torch.float16) and not problem.inter_chunk
+            and None not in tensors and tma_ready(problem.device, problem.settings, *tensors)
+            and bool(dkdv_descriptor_space(DK, DV, elem_bytes, state_bytes, limit))
+        )  # fmt: skip
+    return use_dkdv_walk(DK, DV, elem_bytes, state_bytes, limit)
 
 
 def use_recompute_backward(mode: str, device: DeviceInfo) -> bool:

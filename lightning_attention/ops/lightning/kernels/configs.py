@@ -78,6 +78,9 @@ _DKDV_SPACE = (
     (32, 8, 1),
     (32, 4, 1),
 )
+# with tensor descriptors, by padded head dim (K = V): pipelined loads, and at 64 G is 32 registers per thread at
+# 4 warps; three stages beat two at every grid (a) shape on the H200 (docs/kernels.md, "The fused dk/dv walk")
+_DKDV_SPACE_TMA = {64: ((64, 4, 3),)}
 # the fused walk holds the whole [K, V] state: only when both padded head dims are at most this
 DKDV_MAX_DIM = 128
 
@@ -212,12 +215,15 @@ def estimate_resident_shared_bytes(
     return resident + (tma_store_bytes(BT, BV, elem_bytes) if tma else 0)
 
 
-def estimate_dkdv_shared_bytes(BT: int, BK: int, BV: int, num_stages: int, elem_bytes: int, state_bytes: int) -> int:
+def estimate_dkdv_shared_bytes(BT: int, BK: int, BV: int, num_stages: int, elem_bytes: int, state_bytes: int,
+                               tma: bool = False) -> int:  # fmt: skip
     """An upper estimate of the shared memory of one fused dk/dv program, fitted to the compiler's numbers on sm_90:
     the four [BT, BK|BV] input tiles (q, k, v, do; per pipeline stage), 1.5 copies of G as an mma operand
-    (``state_bytes`` per element) and two [BT, BT] score tiles."""
+    (``state_bytes`` per element) and two [BT, BT] score tiles; ``tma``: plus the dk and dv tiles staged for their
+    stores and the copies' barriers."""
     tiles = BT * (2 * BK + 2 * BV) * elem_bytes * max(1, num_stages)
-    return tiles + 3 * BK * BV * state_bytes // 2 + 2 * elem_bytes * BT * BT
+    staged = tma_store_bytes(BT, BK, elem_bytes) + tma_store_bytes(BT, BV, elem_bytes) if tma else 0
+    return tiles + 3 * BK * BV * state_bytes // 2 + 2 * elem_bytes * BT * BT + staged
 
 
 def state_operand_bytes(inter_prec: str | None) -> int:
@@ -333,15 +339,32 @@ def use_dkdv_walk(DK: int, DV: int, elem_bytes: int, state_bytes: int, limit: in
     return any(estimate_dkdv_shared_bytes(bt, BK, BV, s, elem_bytes, state_bytes) <= limit for bt, _, s in _DKDV_SPACE)
 
 
+def dkdv_descriptor_space(DK: int, DV: int, elem_bytes: int, state_bytes: int, limit: int | None) -> tuple:
+    """The fused dk/dv walk's (BT, num_warps, num_stages) with tensor descriptors that fit ``limit``: measured only for
+    K = V (padded) = 64; empty elsewhere, where the walk keeps :data:`_DKDV_SPACE`."""
+    BK, BV = padded_dim(DK), padded_dim(DV)
+    space = _DKDV_SPACE_TMA.get(BK, ()) if BK == BV else ()
+    return tuple(
+        c for c in space if limit is None or estimate_dkdv_shared_bytes(c[0], BK, BV, c[2], elem_bytes, state_bytes,
+                                                                         True) <= limit
+    )  # fmt: skip
+
+
 @functools.lru_cache(maxsize=256)
 def dkdv_candidates(
     DK: int, DV: int, elem_bytes: int, state_bytes: int, limit: int | None, fixed_bt: int = 0,
-    pin: tuple[int, int, int, int] | None = None,
+    pin: tuple[int, int, int, int] | None = None, tma: bool = False,
 ) -> tuple[triton.Config, ...]:  # fmt: skip
     """The fused dk/dv walk's configurations, best first (BT, warps, stages; BT left out when the caller fixes it,
-    ``fixed_bt``): what fits ``limit``, or the smallest as the last resort; never empty."""
+    ``fixed_bt``): what fits ``limit``, or the smallest as the last resort; never empty. ``tma``: the launch moves
+    its tiles by tensor descriptors."""
     BK, BV = padded_dim(DK), padded_dim(DV)
-    space = ((pin[0], pin[2], pin[3]),) if pin is not None else _DKDV_SPACE
+    if pin is not None:
+        space = ((pin[0], pin[2], pin[3]),)
+    elif tma and dkdv_descriptor_space(DK, DV, elem_bytes, state_bytes, limit):
+        space = dkdv_descriptor_space(DK, DV, elem_bytes, state_bytes, limit)
+    else:
+        space = _DKDV_SPACE
     configs, seen = [], set()
     for bt, w, s in space:
         key = (w, s) if fixed_bt else (bt, w, s)
@@ -351,7 +374,7 @@ def dkdv_candidates(
 
     def shared(cfg):
         return estimate_dkdv_shared_bytes(cfg.kwargs.get("BT", fixed_bt), BK, BV, cfg.num_stages, elem_bytes,
-                                          state_bytes)  # fmt: skip
+                                          state_bytes, tma)  # fmt: skip
 
     fits = [cfg for cfg in configs if limit is None or shared(cfg) <= limit]
     max_configs = MAX_TUNED_FP32 if elem_bytes >= 4 else MAX_TUNED

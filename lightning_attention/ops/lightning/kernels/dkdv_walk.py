@@ -28,6 +28,7 @@ from lightning_attention.ops.lightning.kernels.walk import (
     AUTOTUNE_CACHE,
     _segment,
     chunk_rows,
+    head_start,
     inter_decay,
     inter_product,
     intra_product,
@@ -91,6 +92,7 @@ def _dkdv_walk_kernel(
     ACC: tl.constexpr,
     DOT_PREC: tl.constexpr,
     INTER_PREC: tl.constexpr,
+    USE_TMA: tl.constexpr,  # tiles moved by tensor descriptors (sm_90 TMA), as in the walk; the host checks alignment
 ):
     # grid: one program per (head, segment), heads fastest (programs side by side share nothing but run in step)
     pid = tl.program_id(0)
@@ -100,6 +102,22 @@ def _dkdv_walk_kernel(
     c = log2_decay(slope, i_h, HAS_DECAY, ACC)
 
     o_t, o_k, o_v, m_k, m_v, m_kv = tile_ranges(0, BT, BK, BV, DK, DV)
+
+    if USE_TMA:
+        # descriptors over the rows [0, eos) of this (batch row, head), as in the walk: rows >= eos and columns past
+        # the head dims read as zeros and are not written; chunks end at eos or at C == BT tokens
+        d_q = tl.make_tensor_descriptor(head_start(q, sq, i_b, i_h), shape=[eos, DK], strides=[sq[1], 1],
+                                        block_shape=[BT, BK])  # fmt: skip
+        d_k = tl.make_tensor_descriptor(head_start(k, sk, i_b, i_h), shape=[eos, DK], strides=[sk[1], 1],
+                                        block_shape=[BT, BK])  # fmt: skip
+        d_v = tl.make_tensor_descriptor(head_start(v, sv, i_b, i_h), shape=[eos, DV], strides=[sv[1], 1],
+                                        block_shape=[BT, BV])  # fmt: skip
+        d_do = tl.make_tensor_descriptor(head_start(do, sdo, i_b, i_h), shape=[eos, DV], strides=[sdo[1], 1],
+                                         block_shape=[BT, BV])  # fmt: skip
+        d_dk = tl.make_tensor_descriptor(head_start(dk, sdk, i_b, i_h), shape=[eos, DK], strides=[sdk[1], 1],
+                                         block_shape=[BT, BK])  # fmt: skip
+        d_dv = tl.make_tensor_descriptor(head_start(dv, sdv, i_b, i_h), shape=[eos, DV], strides=[sdv[1], 1],
+                                         block_shape=[BT, BV])  # fmt: skip
 
     # incoming G [BK, BV]: the segment's state from the scan, dht, or zeros
     b_g = tl.zeros([BK, BV], dtype=ACC)
@@ -114,11 +132,15 @@ def _dkdv_walk_kernel(
     n_chunks = (eos - bos + C - 1) // C
     p_walk = -o_t  # walk positions up to the chunk's shift (r = L - 1 - o_t): the decay matrix is built once
     for i_c in range(0, n_chunks):
-        _, L, m_t, r, rows = chunk_rows(i_c, n_chunks, bos, eos, C, o_t, True)
-        b_q = load_rows(q, sq, i_b, i_h, rows, o_k, m_t, m_k)
-        b_k = load_rows(k, sk, i_b, i_h, rows, o_k, m_t, m_k)
-        b_v = load_rows(v, sv, i_b, i_h, rows, o_v, m_t, m_v)
-        b_do = load_rows(do, sdo, i_b, i_h, rows, o_v, m_t, m_v)
+        lo, L, m_t, r, rows = chunk_rows(i_c, n_chunks, bos, eos, C, o_t, True)
+        if USE_TMA:
+            b_q, b_k = d_q.load([lo, 0]), d_k.load([lo, 0])
+            b_v, b_do = d_v.load([lo, 0]), d_do.load([lo, 0])
+        else:
+            b_q = load_rows(q, sq, i_b, i_h, rows, o_k, m_t, m_k)
+            b_k = load_rows(k, sk, i_b, i_h, rows, o_k, m_t, m_k)
+            b_v = load_rows(v, sv, i_b, i_h, rows, o_v, m_t, m_v)
+            b_do = load_rows(do, sdo, i_b, i_h, rows, o_v, m_t, m_v)
         inter_dec = inter_decay(c, r, d0, m_t, ACC)[:, None]  # λ^(r+d0) per row (unused, so not built, without decay)
         # G as the inter products' operand: fp32, or rounded once to bf16 for bf16 inputs (the carried G stays fp32)
         if INTER_PREC == "input":
@@ -128,14 +150,20 @@ def _dkdv_walk_kernel(
         # dv (finished and stored before dk starts: one [BT, BV] accumulator live at a time), then dk
         b_dv = _role_rows(b_k, b_q, b_do, b_gi, inter_dec, p_walk, c, scale, False, HAS_DECAY, INTER_ONLY, ACC,
                           DOT_PREC, INTER_PREC)  # fmt: skip
-        tl.store(
-            row_tile(dv, sdv, i_b, i_h, rows, o_v), b_dv.to(dv.dtype.element_ty), mask=m_t[:, None] & m_v[None, :]
-        )
+        if USE_TMA:
+            d_dv.store([lo, 0], b_dv.to(dv.dtype.element_ty))
+        else:
+            tl.store(
+                row_tile(dv, sdv, i_b, i_h, rows, o_v), b_dv.to(dv.dtype.element_ty), mask=m_t[:, None] & m_v[None, :]
+            )
         b_dk = _role_rows(b_v, b_do, b_q, b_gi, inter_dec, p_walk, c, scale, True, HAS_DECAY, INTER_ONLY, ACC,
                           DOT_PREC, INTER_PREC)  # fmt: skip
-        tl.store(
-            row_tile(dk, sdk, i_b, i_h, rows, o_k), b_dk.to(dk.dtype.element_ty), mask=m_t[:, None] & m_k[None, :]
-        )
+        if USE_TMA:
+            d_dk.store([lo, 0], b_dk.to(dk.dtype.element_ty))
+        else:
+            tl.store(
+                row_tile(dk, sdk, i_b, i_h, rows, o_k), b_dk.to(dk.dtype.element_ty), mask=m_t[:, None] & m_k[None, :]
+            )
 
         # G = λ^(L-1+d0) G + scale·(λ^(L-1-r) q)ᵀ do, operands in the input dtype
         if HAS_DECAY:
@@ -153,7 +181,7 @@ def _dkdv_walk_kernel(
         tl.store(p_g, b_g.to(dh0.dtype.element_ty), mask=m_kv)
 
 
-AUTOTUNE_KEY = ["DK", "DV", "VARLEN", "HAS_DECAY", "SEG_IN", "USE_H0", "INTER_ONLY"]
+AUTOTUNE_KEY = ["DK", "DV", "VARLEN", "HAS_DECAY", "SEG_IN", "USE_H0", "INTER_ONLY", "USE_TMA"]
 
 dkdv_kernel = _dkdv_walk_kernel
 
