@@ -9,6 +9,7 @@ samples of its own window: the mean and lowest SM clock, the mean power draw and
 software power cap active.
 """
 
+import functools
 import shutil
 import statistics
 import subprocess
@@ -51,9 +52,11 @@ def summarise_window(samples: list[Sample]) -> dict:
     }
 
 
+@functools.lru_cache(maxsize=None)
 def _smi_target(exe: str, device: torch.device) -> str:
     """How ``nvidia-smi -i`` names ``device``: its UUID where PyTorch reports one that nvidia-smi knows
-    (CUDA_VISIBLE_DEVICES renumbers the devices PyTorch sees, not those nvidia-smi lists), else its index."""
+    (CUDA_VISIBLE_DEVICES renumbers the devices PyTorch sees, not those nvidia-smi lists), else its index. Asked once
+    per device (:func:`start` and :func:`limits` both need it)."""
     uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
     if uuid:
         target = f"GPU-{uuid}"

@@ -48,7 +48,7 @@ def bench(
     warmup_ms: float,
     rep_ms: float,
     grad_to_none: list[torch.Tensor] | None = None,
-    sampler: "clocks.Sampler | None" = None,
+    sampler: clocks.Sampler | None = None,
 ) -> Timing:
     """Median time of ``fn()`` with the 20/80 percentiles (gradients of ``grad_to_none`` cleared before each run),
     and the GPU's clock over the measurement where a ``sampler`` (:func:`.clocks.start`) polls it.

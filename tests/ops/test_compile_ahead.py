@@ -196,4 +196,5 @@ def test_interpreted_kernels_build_nothing():
     from lightning_attention.ops.lightning.launches import launchers
 
     triton_kernels = [lch for lch in launchers() if "two warpgroups" not in lch.name]
-    assert len(triton_kernels) == 3 and not any(lch.compiles for lch in triton_kernels)
+    plain = [lch for lch in triton_kernels if "(tuned)" not in lch.name]  # autotuners: made by GPU plans of other tests
+    assert len(plain) == 3 and not any(lch.compiles for lch in triton_kernels)
