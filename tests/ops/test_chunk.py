@@ -209,7 +209,7 @@ FUSED_CASES = [c for c in CASES if max(c.K, c.V) <= 128 and c.T > 0]
 )  # fmt: skip
 def test_two_walk_backward_matches_float64(case, triton_backend):
     """dk and dv from the two reverse walks with ``fused_dkdv=False`` set explicitly: on segments, and on every
-    16-bit case at head dims the default sends to the fused walk."""
+    16-bit case with head dims up to 64 (those the default sends to the fused walk among them)."""
     triton_backend(fused_dkdv=False)
     check_case(case, triton_backend)
 
