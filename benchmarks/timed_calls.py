@@ -184,7 +184,7 @@ def add_settings_option(parser, help: str = "a setting for the whole run, repeat
 def settings_changes(items: list[str]) -> dict:
     """``["segment_len=0", "kernel_config=BT=64,BV=64,num_warps=4,num_stages=2", "tma=0"]`` (the scripts' ``--set``)
     -> keyword arguments of ``lightning_attention.settings.override``: each a field of ``settings.Settings``, booleans
-    as 0/1, ``none`` for None."""
+    as 0/1, ``none`` for None (``auto`` too, for a boolean that may be None: the plan's choice)."""
     import dataclasses
     import typing
 
@@ -201,7 +201,14 @@ def settings_changes(items: list[str]) -> dict:
         if text.strip().lower() == "none" and type(None) in typing.get_args(kind):
             changes[name] = None
         elif bool in (kind, *typing.get_args(kind)):
-            changes[name] = text.strip().lower() in ("1", "true", "yes", "on")
+            value = text.strip().lower()
+            optional = type(None) in typing.get_args(kind)
+            if value == "auto" and optional:  # the setting's own choice, as its environment variable spells it
+                changes[name] = None
+            elif value in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+                changes[name] = value in ("1", "true", "yes", "on")
+            else:
+                raise ValueError(f"--set {item!r}: {name} takes 0 or 1" + (", auto or none" if optional else ""))
         elif int in (kind, *typing.get_args(kind)):
             changes[name] = int(text)
         else:  # str, and the kernel pin in its text form (override parses it)

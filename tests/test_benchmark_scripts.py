@@ -47,7 +47,11 @@ def test_settings_from_the_command_line(scripts):
     assert changes == {"segment_len": 0, "tma": False, "fused_dkdv": True, "prepass_len": None, "bf16_inter": "tf32",
                        "kernel_config": "BT=64,BV=32,num_warps=4,num_stages=3"}  # fmt: skip
     assert settings_changes(["fused_dkdv=0"]) == {"fused_dkdv": False}
-    assert settings_changes(["fused_dkdv=none"]) == {"fused_dkdv": None}
+    assert settings_changes(["fused_dkdv=none"]) == settings_changes(["fused_dkdv=auto"]) == {"fused_dkdv": None}
+    with pytest.raises(ValueError, match="fused_dkdv takes 0 or 1, auto or none"):
+        settings_changes(["fused_dkdv=fused"])
+    with pytest.raises(ValueError, match="tma takes 0 or 1"):
+        settings_changes(["tma=auto"])
     with settings.override(**changes) as now:
         assert now.kernel_config == settings.KernelPin(64, 32, 4, 3) and now.segment_len == 0 and not now.tma
     with pytest.raises(ValueError, match="'segment' is not a setting"):
