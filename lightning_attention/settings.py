@@ -74,7 +74,7 @@ class Settings:
         fused_dkdv: dk and dv from one fused reverse walk (True) or two walks (False); None: the plan's choice (the
             fused walk at head dims of 64 with tensor descriptors, docs/kernels.md, "The fused dk/dv walk").
         bf16_inter: operand precision of the bf16 inter-chunk product with the fp32 state: ``"input"`` | ``"tf32"``.
-        gluon: the two-warpgroup walk where it applies (K = 256, bf16, sm_90).
+        gluon: the two-warpgroup walk where it applies (K = 128 and 256, bf16, sm_90).
         tma: tensor descriptors where the inputs meet their alignment rules.
         direct_launch: compiled kernels launched directly once verified, instead of through Triton's launcher.
         tuned_table: autotuned launches take the configuration measured for their shape class on this GPU

@@ -200,7 +200,7 @@ def build_scan(cc: int, varlen: int) -> dict:
     return {"kernel": "scan", "cc": cc, "shared": kernel.metadata.shared, "limit": SHARED_LIMITS[cc]}
 
 
-def build_ws(kind: str, cc: int, DV: int, flags: dict) -> dict:
+def build_ws(kind: str, cc: int, DK: int, DV: int, flags: dict) -> dict:
     """A two-warpgroup kernel (Gluon, ``kernels/walk_ws.py``: ``kind`` "walk_ws" or "state_ws", the pre-pass) as
     ``launches._two_warpgroup_walk`` / ``launches._two_warpgroup_prepass`` launch it, with ``flags`` over the forward's
     defaults."""
@@ -208,7 +208,8 @@ def build_ws(kind: str, cc: int, DV: int, flags: dict) -> dict:
 
     from lightning_attention.ops.lightning.kernels import walk_ws
 
-    constexprs = dict(DK=walk_ws.WS_DK, DV=DV, BT=walk_ws.WS_BT, BV=walk_ws.WS_BV, REVERSE=False, HAS_DECAY=True)
+    BV = walk_ws.value_tile(DK, DV)
+    constexprs = dict(DK=DK, DV=DV, BT=walk_ws.WS_BT, BV=BV, REVERSE=False, HAS_DECAY=True)
     if kind == "walk_ws":
         fn = walk_ws.lightning_walk_ws_kernel
         constexprs.update(STAGES=walk_ws.WS_STAGES, USE_H0=True, STORE_HT=True, SEG_IN=False)
@@ -220,7 +221,7 @@ def build_ws(kind: str, cc: int, DV: int, flags: dict) -> dict:
     src = GluonASTSource(fn, sig, constexprs, specialisations(fn, sig))
     kernel = triton.compile(src, target=GPUTarget("cuda", cc, 32), options={"num_warps": walk_ws.WS_WARPS})
     return {
-        "kernel": kind, "cc": cc, "dtype": "bf16", "DK": walk_ws.WS_DK, "DV": DV, "flags": flags,
+        "kernel": kind, "cc": cc, "dtype": "bf16", "DK": DK, "DV": DV, "BV": BV, "flags": flags,
         "num_warps": kernel.metadata.num_warps, "shared": kernel.metadata.shared, "limit": SHARED_LIMITS[cc],
     }  # fmt: skip
 
@@ -229,7 +230,7 @@ def run_job(job: dict) -> list[dict]:
     if job.get("kernel") == "scan":
         return [build_scan(job["cc"], varlen) for varlen in (0, 2)]
     if job.get("kernel") in ("walk_ws", "state_ws"):
-        return [build_ws(job["kernel"], job["cc"], job["DV"], job.get("flags", {}))]
+        return [build_ws(job["kernel"], job["cc"], job["DK"], job["DV"], job.get("flags", {}))]
     which = job.get("which", "all")
     flags = job.get("flags", {})
     pointers = job.get("pointers", False)

@@ -37,18 +37,22 @@ SPLIT_FORWARD = {"SPLIT_OPERANDS": True}
 # hybrid attention's default: chunks of 256 tokens, inter-only reverse walk, the values (V = 128) and the narrow
 # normaliser call (V = 16) in both orientations
 INTER_ONLY_256 = {"INTER_ONLY": True, "BT": 256, "REVERSE": True}
-# the two-warpgroup walk (Gluon, sm_90 only): forward with h0 and final state, the reverse walk with dht and dh0,
-# segments in both directions, no decay, and V = 64 (one pair of value tiles)
+# the two-warpgroup walk (Gluon, sm_90 only), (K, V, flags): at K = 256 forward with h0 and final state, the reverse
+# walk with dht and dh0, segments in both directions, no decay, and V = 64 (one pair of value tiles); at K = 128
+# (64-wide value tiles) the forward, the backward's segmented reverse walk, and V = 256 (two pairs)
 WALK_WS_BUILDS = [
-    (256, {}),
-    (256, {"REVERSE": True}),
-    (256, {"SEG_IN": True, "USE_H0": False, "STORE_HT": False}),
-    (256, {"SEG_IN": True, "USE_H0": False, "STORE_HT": False, "REVERSE": True}),
-    (256, {"HAS_DECAY": False}),
-    (64, {}),
+    (256, 256, {}),
+    (256, 256, {"REVERSE": True}),
+    (256, 256, {"SEG_IN": True, "USE_H0": False, "STORE_HT": False}),
+    (256, 256, {"SEG_IN": True, "USE_H0": False, "STORE_HT": False, "REVERSE": True}),
+    (256, 256, {"HAS_DECAY": False}),
+    (256, 64, {}),
+    (128, 128, {}),
+    (128, 128, {"SEG_IN": True, "USE_H0": False, "STORE_HT": False, "REVERSE": True}),
+    (128, 256, {}),
 ]
 # its pre-pass: forward, and reverse with the walk's first segment skipped
-STATE_WS_BUILDS = [(256, {}), (256, {"REVERSE": True, "SKIP_FINAL": True})]
+STATE_WS_BUILDS = [(256, 256, {}), (256, 256, {"REVERSE": True, "SKIP_FINAL": True}), (128, 128, {})]
 
 
 # the tuned tables shipped without a GPU run (the selector's first candidates): every entry is built for its target
@@ -123,8 +127,9 @@ def ci_builds():
              for d in (64, 128)]  # fmt: skip
     jobs += [{"cc": cc, "dtype": "bf16", "DK": dk, "DV": dv, "flags": INTER_ONLY_256}
              for cc in (80, 90) for dk, dv in ((128, 128), (16, 128))]  # fmt: skip
-    jobs += [{"kernel": "walk_ws", "cc": 90, "DV": dv, "flags": flags} for dv, flags in WALK_WS_BUILDS]
-    jobs += [{"kernel": "state_ws", "cc": 90, "DV": dv, "flags": flags} for dv, flags in STATE_WS_BUILDS]
+    jobs += [{"kernel": "walk_ws", "cc": 90, "DK": dk, "DV": dv, "flags": flags} for dk, dv, flags in WALK_WS_BUILDS]
+    jobs += [{"kernel": "state_ws", "cc": 90, "DK": dk, "DV": dv, "flags": flags}
+             for dk, dv, flags in STATE_WS_BUILDS]  # fmt: skip
     jobs += untimed_entry_jobs()
     return build(jobs)
 

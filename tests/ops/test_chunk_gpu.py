@@ -89,10 +89,12 @@ def test_varlen_real_sizes_with_host_offsets():
 
 
 # every kind of launch sequence the dispatcher builds: the segmented path (pre-pass, scan, walks), the two-warpgroup
-# walk (bf16 K = 256), the fused dk/dv walk (K = 64's backward), fp16 and fp32 products, packed sequences, the split
-# precision, the recompute backward and a learned decay (its float32 backward and the slope's gradient)
+# walk (bf16 K = 128 in segments, K = 256 whole), the fused dk/dv walk (K = 64's backward), fp16 and fp32 products,
+# packed sequences, the split precision, the recompute backward and a learned decay (its float32 backward and the
+# slope's gradient)
 DETERMINISM = [
-    pytest.param(1, 20000, 8, 128, torch.bfloat16, {}, id="bf16-K128-segmented"),
+    pytest.param(1, 20000, 8, 128, torch.bfloat16, {"settings": {"gluon": False}}, id="bf16-K128-segmented"),
+    pytest.param(2, 8192, 16, 128, torch.bfloat16, {}, id="bf16-K128-two-warpgroups-segmented"),
     pytest.param(8, 2048, 16, 64, torch.bfloat16, {"settings": {"fused_dkdv": True}}, id="bf16-K64-fused-dkdv"),
     pytest.param(4, 2048, 16, 256, torch.bfloat16, {}, id="bf16-K256-two-warpgroups"),
     pytest.param(4, 3000, 8, 128, torch.float16, {}, id="fp16-K128"),
@@ -222,6 +224,7 @@ def test_every_chunk_launch_stays_on_the_direct_path(configure):
         assert any(e.launcher is not None for e in launcher.entries.values()), launcher.name
 
 
+@pytest.mark.parametrize("K", [128, 256])
 @pytest.mark.parametrize(
     "T, decay, scale, segment_len, piece_len",
     [
@@ -233,10 +236,10 @@ def test_every_chunk_launch_stays_on_the_direct_path(configure):
     ],
     ids=["ragged", "no-decay-scaled", "segments", "segments-in-pieces-ragged", "three-chunks"],
 )
-def test_two_warpgroup_walk_against_float64_and_the_triton_walk(T, decay, scale, segment_len, piece_len, configure):
-    """K = V = 256 through the two-warpgroup walk and pre-pass (kernels/walk_ws.py) in all four passes, with an
-    initial state and a final-state gradient, whole and in segments (the pre-pass on the segments, on pieces the plan
-    picks, or on given pieces): against float64, and against the Triton walk (the gluon setting off) within the
+def test_two_warpgroup_walk_against_float64_and_the_triton_walk(T, decay, scale, segment_len, piece_len, K, configure):
+    """K = V = 128 and 256 through the two-warpgroup walk and pre-pass (kernels/walk_ws.py) in all four passes, with
+    an initial state and a final-state gradient, whole and in segments (the pre-pass on the segments, on pieces the
+    plan picks, or on given pieces): against float64, and against the Triton walk (the gluon setting off) within the
     rounding of the bf16 outputs."""
     from lightning_attention.ops.lightning import launches, plan
     from lightning_attention.ops.lightning.device import device_info
@@ -244,7 +247,9 @@ def test_two_warpgroup_walk_against_float64_and_the_triton_walk(T, decay, scale,
     if device_info(torch.device("cuda")).capability != 90 or not plan._walk_ws_available():
         pytest.skip("the two-warpgroup walk needs an sm_90 GPU and a Triton with Gluon")
     configure(segment_len=segment_len, prepass_len=piece_len or None)  # no pieces given: the plan's choice
-    B, H, K = 4, 16, 256  # 256 programs of two value tiles: more than half an H100's SMs, so the walk takes them
+    # more programs than half an H100's SMs, so the walk takes them: 256 of two 32-wide value tiles at K = 256, 128
+    # of two 64-wide ones at K = 128
+    B, H = (4, 16) if K == 256 else (8, 16)
     slope = la.tnl_slopes(H, 0, 2).cuda() if decay == "tnl" else None
     inputs = _inputs(B, T, H, K, K, torch.bfloat16)
     launches._WALK_WS.reset()

@@ -118,15 +118,18 @@ def test_prepass_split_rule(seg_len, programs, expected):
         (dict(B=4, T=16384, K=64, V=64), 4096, 1),  # 192 pre-pass programs: whole segments
         (dict(B=2, T=32768, K=64, V=64), 4096, 1),  # 224
         (dict(B=1, T=65536, K=64, V=64, final_state=True), 4096, 1),  # 256: every segment walked
-        (dict(B=1, T=65536), 16384, 8),  # K = 128: 48 programs -> 8 pieces of 2,048
-        (dict(B=1, T=131072), 32768, 16),  # grid (b) at 128K
+        (dict(B=1, T=65536, gluon=False), 16384, 8),  # K = 128, Triton walk: 48 programs -> 8 pieces of 2,048
+        (dict(B=1, T=131072, gluon=False), 32768, 16),  # grid (b) at 128K
+        (dict(B=1, T=65536), 8192, 4),  # K = 128, two-warpgroup walk: 112 programs -> 4 pieces of 2,048
+        (dict(B=1, T=131072), 16384, 8),
         (dict(B=2, T=32768, K=64, V=64, dtype=torch.float32), 8192, 8),  # float32 K = 64: 96 programs
         (dict(B=1, T=65536, K=256, V=256), 32768, 8),  # K = 256: 16 programs, pieces of 4,096 (the bound)
     ],
 )
 def test_prepass_pieces_of_the_benchmark_grids(kwargs, seg_len, split):
     """The pre-pass of the segmented calls of grids (a) and (b) on an H100: the 16-bit K = 64 calls keep their 4K
-    segments whole (they fill half the pre-pass slots), the calls with fewer programs are cut into pieces."""
+    segments whole (they fill half the pre-pass slots), the calls with fewer programs are cut into pieces (bf16
+    K = 128 and 256 run the two-warpgroup walk, one program per SM: fewer, shorter segments than the Triton walk's)."""
     p = problem(**kwargs)
     segments = plan.plan_segments(p)
     pieces = plan.prepass_pieces(p, segments, skip_final=not p.final_state, reverse=False)
@@ -177,47 +180,62 @@ def test_fused_dkdv_walk_by_default_at_k64_with_descriptors():
 
 
 def test_slots_count_the_candidate_that_holds_fewest_programs_per_sm():
-    """K = 128 with descriptors offers two stages (two programs per SM) and four (one): the plan counts one, so that
-    a segmented grid runs in one round whichever the table or the autotuner launches; pinned to two stages, two.
-    K = 64's candidates both hold two."""
-    assert plan.walk_slots(problem(), 128, 128) == (H100.sm_count, 64)
-    assert plan.walk_slots(problem(kernel_config=settings.KernelPin(64, 64, 4, 2)), 128, 128) == (2 * H100.sm_count, 64)
+    """The Triton walk at K = 128 with descriptors offers two stages (two programs per SM) and four (one): the plan
+    counts one, so that a segmented grid runs in one round whichever the table or the autotuner launches; pinned to
+    two stages, two. K = 64's candidates both hold two."""
+    triton_walk = dict(gluon=False)  # bf16 K = 128 runs the two-warpgroup walk by default
+    assert plan.walk_slots(problem(**triton_walk), 128, 128) == (H100.sm_count, 64)
+    pinned = dict(triton_walk, kernel_config=settings.KernelPin(64, 64, 4, 2))
+    assert plan.walk_slots(problem(**pinned), 128, 128) == (2 * H100.sm_count, 64)
     assert plan.walk_slots(problem(K=64, V=64), 64, 64) == (2 * H100.sm_count, 64)
     # counted at two per SM, 4 x 16K would be cut in two segments per sequence (256 programs and a pre-pass)
-    assert not plan.plan_segments(problem(B=4, T=16384)).segmented
-    assert plan.plan_segments(problem(B=4, T=16384, kernel_config=settings.KernelPin(64, 64, 4, 2))).segmented
+    assert not plan.plan_segments(problem(B=4, T=16384, **triton_walk)).segmented
+    assert plan.plan_segments(problem(B=4, T=16384, **pinned)).segmented
 
 
 @pytest.mark.parametrize(
-    "B, T, segments",
-    [(64, 1024, 0), (8, 8192, 0), (4, 16384, 0), (2, 32768, 4), (1, 65536, 4)],
-)
-def test_grid_a_plans_at_k128(B, T, segments):
-    """K = V = 128, bf16, 65,536 tokens per call: batches that fill the H100 run whole sequences, batch 1 and 2 are
-    cut into segments (whose count the forward operator's fake reports, so it is the same function)."""
-    p = problem(B=B, T=T)
+    "B, T, segments, gluon",
+    [
+        (64, 1024, 0, True), (8, 8192, 0, True), (4, 16384, 8, True), (2, 32768, 8, True), (1, 65536, 8, True),
+        (64, 1024, 0, False), (8, 8192, 0, False), (4, 16384, 0, False), (2, 32768, 4, False), (1, 65536, 4, False),
+    ],
+)  # fmt: skip
+def test_grid_a_plans_at_k128(B, T, segments, gluon):
+    """K = V = 128, bf16, 65,536 tokens per call: batches that fill the H100 run whole sequences, smaller ones are cut
+    into segments (whose count the forward operator's fake reports, so it is the same function). The two-warpgroup
+    walk runs one program per head (both value tiles) and per SM, so it cuts from 4 × 16K down, into 8 segments of
+    8K; the Triton walk (the gluon setting off) from 2 × 32K, into 4."""
+    p = problem(B=B, T=T, gluon=gluon)
     segment_plan = plan.plan_segments(p)
     assert (segment_plan.total if segment_plan.segmented else 0) == segments
     names = kernels_of(run.forward_program(p))
     if segments:  # the pre-pass (a state-only walk), the scan, the walk
-        assert len(names) == 3 and "scan" in names[1] and "walk" in names[0] and "walk" in names[2]
+        assert len(names) == 3 and "scan" in names[1] and "walk" in names[2]
+        assert "walk" in names[0] or "pre-pass" in names[0]
     else:
         assert len(names) == 1 and "walk" in names[0]
+    two_warpgroups = {"lightning_attn walk (two warpgroups)", "lightning_attn segment pre-pass (two warpgroups)"}
+    ws = walk_ws.lightning_walk_ws_kernel is not None and walk_ws.triton_version_supported()
+    assert bool(set(names) & two_warpgroups) == (gluon and ws)
 
 
-def test_k256_bf16_runs_the_two_warpgroup_walk_on_an_h100():
-    """K = V = 256, bf16, sm_90: the walks and pre-passes of the forward and backward are the Gluon kernels wherever
-    the grid fills the GPU; off sm_90, or with the gluon setting off, the Triton walk."""
+@pytest.mark.parametrize("K", [128, 256])
+def test_bf16_runs_the_two_warpgroup_walk_on_an_h100(K):
+    """K = V = 128 or 256, bf16, sm_90: the walks and pre-passes of the forward and backward are the Gluon kernels
+    wherever the grid fills the GPU; off sm_90, with the gluon setting off, in fp16, with the split precision, at
+    K = 64 or with a grid under half the SMs, the Triton walk."""
     if walk_ws.lightning_walk_ws_kernel is None or not walk_ws.triton_version_supported():
         pytest.skip("this Triton has no Gluon the two-warpgroup walk was checked with")
-    p = problem(B=16, T=4096, K=256, V=256)
-    assert set(kernels_of(run.forward_program(p))) == {"lightning_attn walk (two warpgroups)"}
-    backward = kernels_of(run.backward_program(problem(B=16, T=4096, K=256, V=256, backward=True)))
-    assert backward.count("lightning_attn walk (two warpgroups)") == 3  # dq, dv, dk
-    off = problem(B=16, T=4096, K=256, V=256, gluon=False)
-    assert "lightning_attn walk (two warpgroups)" not in kernels_of(run.forward_program(off))
-    a100 = problem(B=16, T=4096, K=256, V=256, device=DeviceInfo.of_capability(80, sm_count=108))
-    assert "lightning_attn walk (two warpgroups)" not in kernels_of(run.forward_program(a100))
+    ws = "lightning_attn walk (two warpgroups)"
+    p = problem(B=16, T=4096, K=K, V=K)
+    assert set(kernels_of(run.forward_program(p))) == {ws}
+    backward = kernels_of(run.backward_program(problem(B=16, T=4096, K=K, V=K, backward=True)))
+    assert backward.count(ws) == 3  # dq, dv, dk
+    for other in (dict(gluon=False), dict(device=DeviceInfo.of_capability(80, sm_count=108)),
+                  dict(dtype=torch.float16), dict(precision="split"), dict(B=1, T=1024)):  # fmt: skip
+        assert ws not in kernels_of(run.forward_program(problem(**{"B": 16, "T": 4096, "K": K, "V": K, **other})))
+    assert ws not in kernels_of(run.forward_program(problem(B=16, T=4096, K=64, V=64)))
+    assert walk_ws.value_tile(K, 2 * K) == walk_ws.value_tile(K, K) and walk_ws.value_tile(K, 48) is None
 
 
 def test_backward_reuses_the_forward_segment_states():
@@ -256,10 +274,11 @@ def test_varlen_segments_come_from_host_offsets_only():
 
 
 PROGRAMS = [
-    ("h100-k128-whole", dict(B=8, T=8192)),
-    ("h100-k128-segments-h0", dict(B=1, T=65536, final_state=True, h0=True)),
+    ("h100-k128-whole", dict(B=8, T=8192, gluon=False)),
+    ("h100-k128-segments-h0", dict(B=1, T=65536, final_state=True, h0=True, gluon=False)),
     ("h100-k64-segments", dict(B=1, T=65536, K=64, V=64)),
     ("h100-k256-gluon", dict(B=16, T=4096, K=256, V=256)),
+    ("h100-k128-gluon-segments", dict(B=2, T=32768)),
     ("h100-k256-fp16", dict(B=2, T=4096, K=256, V=256, dtype=torch.float16)),
     ("h100-fp32", dict(B=2, T=4096, K=64, V=64, dtype=torch.float32)),
     ("h100-fused-dkdv", dict(B=2, T=32768, fused_dkdv=True)),

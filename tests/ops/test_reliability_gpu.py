@@ -110,14 +110,15 @@ def test_debug_mode_catches_what_cuda_leaves_unchecked(configure):
         la.lightning_attn(q, k, v)
 
 
-# the compiled kernels' masks: (dtype, K = V, B, H); K = 256 in bfloat16 on sm_90 with this many programs runs the
-# two-warpgroup walk (kernels/walk_ws.py)
+# the compiled kernels' masks: (dtype, K = V, B, H); bfloat16 K = 128 and 256 on sm_90 with this many programs run
+# the two-warpgroup walk (kernels/walk_ws.py), K = 128 with 8 (head, batch) pairs the Triton walk
 CAUSAL_CASES = [(torch.float32, 64, 2, 4), (torch.float16, 128, 2, 4), (torch.bfloat16, 128, 2, 4),
-                (torch.bfloat16, 256, 4, 16)]  # fmt: skip
+                (torch.bfloat16, 128, 8, 16), (torch.bfloat16, 256, 4, 16)]  # fmt: skip
 
 
 @pytest.mark.parametrize("poisoned", ["q", "k"])
-@pytest.mark.parametrize("dtype,D,B,H", CAUSAL_CASES, ids=["fp32-64", "fp16-128", "bf16-128", "bf16-256"])
+@pytest.mark.parametrize("dtype,D,B,H", CAUSAL_CASES,
+                         ids=["fp32-64", "fp16-128", "bf16-128", "bf16-128-two-warpgroups", "bf16-256"])  # fmt: skip
 def test_non_finite_q_or_k_reaches_no_earlier_output(dtype, D, B, H, poisoned):
     T, t = 1024, 700
     q, k, v = _qkv(B, T, H, D, D, dtype)

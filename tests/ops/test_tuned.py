@@ -15,14 +15,20 @@ import pytest
 import torch
 
 from lightning_attention import settings
-from lightning_attention.ops.lightning import launches, run
+from lightning_attention.ops.lightning import launches, plan, run
 from lightning_attention.ops.lightning.device import SHARED_PER_BLOCK
 from lightning_attention.ops.lightning.kernels import configs, tuned, walk
 from lightning_attention.ops.lightning.plan import TMA_MIN_CAPABILITY
-from tests.ops.test_plan import problem
+from tests.ops.test_plan import problem as plan_problem
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TUNED_NAMES = {"lightning_attn walk (tuned)", "lightning_attn dk/dv walk (tuned)"}
+
+
+def problem(**kwargs):
+    """A problem of tests/ops/test_plan.py with the Triton walk: on sm_90 bf16 K = 128 and 256 run the two-warpgroup
+    walk (one configuration, nothing to tune) unless the gluon setting is off, which leaves them to the table."""
+    return plan_problem(**{"gluon": False, **kwargs})
 
 
 @pytest.fixture(autouse=True)
@@ -69,7 +75,8 @@ def test_an_entry_replaces_autotuning_for_its_shape_class_only():
 def test_the_shipped_sm90_table_fixes_the_benchmark_classes():
     """On sm_90 grid (a) at K = 64 and 128 (T = 1K, 8K and 64K: each WAVES value, whole and in segments; forward
     and backward walks) takes the shipped entries, plain: no autotuning on a class's first call. K = 64's dk and dv
-    come from the fused walk, whose descriptor space holds one configuration (plain without an entry)."""
+    come from the fused walk, whose descriptor space holds one configuration (plain without an entry); bf16 K = 128
+    by default from the two-warpgroup walk, which has one configuration (the entries serve the Triton walk)."""
     for K in (64, 128):
         for B, T in ((64, 1024), (8, 8192), (1, 65536)):
             fwd, bwd = problem(B=B, T=T, K=K, V=K), problem(B=B, T=T, K=K, V=K, backward=True)
@@ -82,6 +89,11 @@ def test_the_shipped_sm90_table_fixes_the_benchmark_classes():
                 (name == "lightning_attn walk" and shape in entries) or (name, shape) in fused for name, shape in walks
             ), walks
             assert not fused or fused[0] in walks, walks
+    if not plan._walk_ws_available():  # a Triton without the Gluon the two-warpgroup walk was checked with
+        return
+    for B, T in ((64, 1024), (8, 8192), (1, 65536)):  # bf16 K = 128 by default: the two-warpgroup walk, untuned
+        fwd, bwd = problem(B=B, T=T, gluon=True), problem(B=B, T=T, gluon=True, backward=True)
+        assert not _autotuned(fwd) and not _backward_keys(bwd), (B, T)
 
 
 def test_an_entry_the_selector_does_not_offer_is_ignored():

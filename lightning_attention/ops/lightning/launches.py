@@ -39,6 +39,7 @@ from lightning_attention.ops.lightning.plan import (
     prepass_pieces,
     tma_ready,
     use_walk_ws,
+    walk_ws_programs,
     waves,
 )
 from lightning_attention.ops.lightning.program import ProgramBuilder, Ref
@@ -202,7 +203,7 @@ def _two_warpgroup_walk(
         T, H, plan.per_seq, plan.seg_len,
     )  # fmt: skip
     constexprs = dict(
-        DK=DK, DV=DV, BT=walk_ws.WS_BT, BV=walk_ws.WS_BV, STAGES=walk_ws.WS_STAGES,
+        DK=DK, DV=DV, BT=walk_ws.WS_BT, BV=walk_ws.value_tile(DK, DV), STAGES=walk_ws.WS_STAGES,
         REVERSE=reverse,
         HAS_DECAY=slope is not None,
         USE_H0=h0 is not None and not plan.segmented,
@@ -210,7 +211,7 @@ def _two_warpgroup_walk(
         SEG_IN=plan.segmented,
         num_warps=walk_ws.WS_WARPS,
     )  # fmt: skip
-    b.launch(_WALK_WS, (DV // (2 * walk_ws.WS_BV) * H * plan.total,), args, constexprs, q)
+    b.launch(_WALK_WS, (walk_ws_programs(DK, DV, H * plan.total),), args, constexprs, q)
 
 
 def _two_warpgroup_prepass(b, k, v, states, *, slope, plan, T, H, scale_upd, reverse, skip_final):
@@ -222,10 +223,10 @@ def _two_warpgroup_prepass(b, k, v, states, *, slope, plan, T, H, scale_upd, rev
         float(scale_upd), T, H, plan.per_seq, plan.seg_len,
     )  # fmt: skip
     constexprs = dict(
-        DK=DK, DV=DV, BT=walk_ws.WS_BT, BV=walk_ws.WS_BV, STAGES=walk_ws.WS_STATE_STAGES, REVERSE=reverse,
-        HAS_DECAY=slope is not None, SKIP_FINAL=skip_final, num_warps=walk_ws.WS_WARPS,
+        DK=DK, DV=DV, BT=walk_ws.WS_BT, BV=walk_ws.value_tile(DK, DV), STAGES=walk_ws.WS_STATE_STAGES,
+        REVERSE=reverse, HAS_DECAY=slope is not None, SKIP_FINAL=skip_final, num_warps=walk_ws.WS_WARPS,
     )  # fmt: skip
-    b.launch(_STATE_WS, (DV // (2 * walk_ws.WS_BV) * H * plan.total,), args, constexprs, k)
+    b.launch(_STATE_WS, (walk_ws_programs(DK, DV, H * plan.total),), args, constexprs, k)
 
 
 def dkdv_launch(b, p, q, k, v, do, dk, dv, *, slope, dht, dh0, g_states, plan, T, H, scale, inter_chunk=0):

@@ -198,14 +198,20 @@ def _walk_ws_available() -> bool:
 
 def walk_ws_shape(problem: ChunkProblem, DK: int, DV: int) -> bool:
     """Whether walks of this problem may run the two-warpgroup kernel (``kernels/walk_ws.py``): bf16 with the bf16
-    inter product, K = 256, V a multiple of 64, on an sm_90 GPU (Hopper's warpgroup MMA) with descriptors on and a
-    Triton it was checked with, unless the ``gluon`` setting is off."""
+    inter product, K = 128 or 256 with V a multiple of the kernel's two value tiles, on an sm_90 GPU (Hopper's
+    warpgroup MMA) with descriptors on and a Triton it was checked with, unless the ``gluon`` setting is off."""
     device, settings = problem.device, problem.settings
     return (
-        device.is_cuda and device.capability == 90 and problem.dtype == torch.bfloat16 and DK == walk_ws.WS_DK
-        and DV % (2 * walk_ws.WS_BV) == 0 and inter_precision(problem) == "input" and settings.gluon
+        device.is_cuda and device.capability == 90 and problem.dtype == torch.bfloat16
+        and walk_ws.value_tile(DK, DV) is not None and inter_precision(problem) == "input" and settings.gluon
         and tma_enabled(device, settings) and _walk_ws_available()
     )  # fmt: skip
+
+
+def walk_ws_programs(DK: int, DV: int, heads_segments: int) -> int:
+    """Programs of a two-warpgroup launch over ``heads_segments`` (head, segment) pairs: one per pair of value
+    tiles."""
+    return DV // (2 * walk_ws.value_tile(DK, DV)) * heads_segments
 
 
 def use_walk_ws(problem: ChunkProblem, DK: int, DV: int, plan: "SegmentPlan", inter_chunk: int, use_tma: bool) -> bool:
@@ -215,8 +221,7 @@ def use_walk_ws(problem: ChunkProblem, DK: int, DV: int, plan: "SegmentPlan", in
     halves' chains: with fewer than half the SMs' worth, one Triton round at one chain per SM is shorter)."""
     if inter_chunk or not use_tma or plan.varlen != 0 or not walk_ws_shape(problem, DK, DV):
         return False
-    programs = DV // (2 * walk_ws.WS_BV) * problem.q.shape[2] * plan.total
-    return 2 * programs > problem.device.sm_count
+    return 2 * walk_ws_programs(DK, DV, problem.q.shape[2] * plan.total) > problem.device.sm_count
 
 
 # the segment plan (docs/kernels.md, "The segment plan")
@@ -309,9 +314,9 @@ def segment_len(problem: ChunkProblem, lengths_total: int, num_seqs: int, fixed_
         return 0
     _, _, H, DK, DV = problem.shape
     if fixed_length and walk_ws_shape(problem, DK, DV):
-        # the two-warpgroup walk: one program per SM, two 32-wide value tiles each (a batch-1 grid of 16 heads is
+        # the two-warpgroup walk: one program per SM, two value tiles each (at K = 256 a batch-1 grid of 16 heads is
         # 64 programs: cut in two, not run on half the SMs)
-        slots, BV = device.sm_count, 2 * walk_ws.WS_BV
+        slots, BV = device.sm_count, 2 * walk_ws.value_tile(DK, DV)
     else:
         slots, BV = walk_slots(problem, DK, DV)
     programs = num_seqs * H * cdiv(DV, BV)

@@ -1,23 +1,25 @@
-"""The chunk walk with two consumer warpgroups per program (Gluon, sm_90): the K = 256 form of ``kernels/walk.py``.
+"""The chunk walk with two consumer warpgroups per program (Gluon, sm_90): the K = 128 and K = 256 form of
+``kernels/walk.py``.
 
-The Triton walk at K = V = 256 fits one 4-warp block per SM (its q and k tiles take 225 KB with three stages), and
-that warpgroup waits on each of its own products in turn: the SM runs one dependency chain, its tensor pipe 36% busy
-(docs/kernels.md, "The two-warpgroup walk"). Here one program owns two neighbouring 32-wide value tiles of one
-(segment, head), and the SM runs two chains:
+A Triton walk program is one warpgroup that waits on each of its own products in turn: at K = V = 256 one 4-warp block
+fits per SM and the SM runs one dependency chain, its tensor pipe 36% busy; at K = 128 two blocks fit, and the four
+walks of a fwd+bwd still take 1.2-1.3× the time they take here (docs/kernels.md, "The two-warpgroup walk"). Here one
+program owns two neighbouring value tiles of one (segment, head) (:data:`WS_VALUE_TILES`: 32 columns each at K = 256,
+64 at K = 128, so one program covers a head's 128 value columns), and the SM runs two chains:
 
 - a one-warp producer streams each chunk's q and k tiles (shared by both consumers) and the two v tiles through a ring
   of ``STAGES`` shared buffers (TMA, one mbarrier per stage for "full" and one for "released by both");
-- each consumer warpgroup walks its own [K, 32] fp32 state in registers with the Triton walk's arithmetic (same
+- each consumer warpgroup walks its own [K, BV] fp32 state in registers with the Triton walk's arithmetic (same
   roles, directions and exponent rules: see ``kernels/walk.py``), issuing q·kᵀ together with q·S and the intra
   product together with the state update, so its products overlap each other and the other consumer's.
 
 The segment pre-pass (the Triton walk's STATE_ONLY mode) has the same structure without q and o
 (:func:`lightning_state_ws_kernel`). Only the shapes the plan gives them (``plan.use_walk_ws``): bf16,
-K = 256 (the state's rows), V a multiple of 64, fixed-length batches, whole sequences or host-planned segments
-(``SEG_IN``), tensor descriptors; the scan, the inter-only mode and every other shape stay with the Triton kernels.
-Values match the Triton walk's up to the order of the fp32 sums (the same roundings: scores and λ-weighted values to
-bf16 as mma operands, S to bf16 for q·S); the state-update scale is folded into the λ-weighted value tile before its
-rounding.
+K = 128 or 256 (the state's rows), V a multiple of two value tiles, fixed-length batches, whole sequences or
+host-planned segments (``SEG_IN``), tensor descriptors; the scan, the inter-only mode and every other shape stay with
+the Triton kernels. Values match the Triton walk's up to the order of the fp32 sums (the same roundings: scores and
+λ-weighted values to bf16 as mma operands, S to bf16 for q·S); the state-update scale is folded into the λ-weighted
+value tile before its rounding.
 
 Gluon has no interpreter: on a machine without an sm_90 GPU the kernel is only compiled (tests/ops/test_aot.py).
 """
@@ -37,14 +39,14 @@ try:
 except ImportError:  # a Triton without Gluon (< 3.5): the Triton walk everywhere
     gluon = None
 
-# the one configuration: 64-token chunks, 32-wide value tiles per consumer, two stages (197 KB of shared memory at
-# K = 256), 4 warps per consumer and one producer warp
+# one configuration per key dim: 64-token chunks, two value tiles of WS_VALUE_TILES[K] columns per program (one per
+# consumer), two stages, 4 warps per consumer and one producer warp. Shared memory: 197 KB at K = 256 (three stages
+# would need 269 KB), 164 KB at K = 128 (three stages, 213 KB, made the backward's walks 3-8% slower)
 WS_BT = 64
-WS_BV = 32
+WS_VALUE_TILES = {128: 64, 256: 32}
 WS_STAGES = 2
-WS_STATE_STAGES = 4  # the pre-pass keeps no q, o or state operand tiles: four stages in 172 KB
+WS_STATE_STAGES = 4  # the pre-pass keeps no q, o or state operand tiles: four stages in 172 KB (K = 256), 148 KB (128)
 WS_WARPS = 4
-WS_DK = 256  # the key dim it is built and measured for
 
 # the Triton versions it is run or built with: 3.6 on the H100 / H200 runs, 3.8 in CI's sm_90 builds (Gluon is an
 # experimental API that may change); with another version the dispatcher keeps the Triton walk
@@ -55,6 +57,13 @@ def triton_version_supported(version: str = triton.__version__) -> bool:
     """Whether ``version`` lies in :data:`WS_TRITON_VERSIONS` (inclusive; pre-release tags ignored)."""
     major_minor = tuple(int(part) for part in version.split(".")[:2])
     return WS_TRITON_VERSIONS[0] <= major_minor <= WS_TRITON_VERSIONS[1]
+
+
+def value_tile(DK: int, DV: int) -> int | None:
+    """Columns per consumer for key dim ``DK`` and value dim ``DV`` (a multiple of two such tiles), or None where the
+    kernel is not built for them."""
+    BV = WS_VALUE_TILES.get(DK)
+    return BV if BV is not None and DV % (2 * BV) == 0 else None
 
 if gluon is not None:
     RCP_LN2 = gl.constexpr(1.4426950408889634)  # log2(e): exp(-s·x) == exp2(-s·log2(e)·x)
