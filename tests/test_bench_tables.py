@@ -191,6 +191,23 @@ def test_grid_b_flatness_from_graph_replays(tmp_path, capsys):
     assert "| 32768 | 23.4 M (1.40 ms); graph 34.5 M (0.950 ms) | - |" in capsys.readouterr().out
 
 
+def test_further_goals_judge_the_fwd_bwd_on_graph_replays(tmp_path):
+    """A run with --cuda-graphs: plain fwd+bwd calls at 1.80× FLA (host-bound), replays at 2.10×; the further goals
+    (kernel targets) take the replays where both sides have them, and their floor ratio; the 1.8× target keeps the
+    plain calls."""
+    w = _writer(tmp_path / "kernels", "kernels", "d1")
+    w.set("grids", {"a-d128": {"description": "grid (a) K=128", "head_dim": 128}})
+    for T in GRID_A_SEQLENS:
+        w.add("results", _record("a-d128", "ours-chunk", T, 65536 // T, 0.40, 2.0, fwdbwd_graph_ms=1.60,
+                                 floor_ratio_fwdbwd_graph=1.60 / 0.98))  # fmt: skip
+        w.add("results", _record("a-d128", "fla", T, 65536 // T, 0.80, 3.6, fwdbwd_graph_ms=3.36))
+    w.set("elapsed_s", 1.0)
+    got = _statuses(tmp_path)
+    assert got[GOAL_128][0] == "met" and "(fwd+bwd replayed 2.10×, fwd 2.00×)" in got[GOAL_128][1], got[GOAL_128]
+    assert got[GOAL_FLOOR][0] == "met" and "1.11× / 1.63× (fwd+bwd replayed)" in got[GOAL_FLOOR][1]  # plain: 2.04×
+    assert got[GRID_A_FWDBWD][0] == "met" and "1.80×" in got[GRID_A_FWDBWD][1]
+
+
 def test_clock_line_of_a_run_that_sampled_the_clock(tmp_path, capsys):
     """Records with the SM clock of their measurements: one line under the grid's table, per provider and timer the
     range of the per-T means and the mean share capped; a provider without clock fields is left out of it."""

@@ -128,6 +128,8 @@ def measure_case(
             )
         if cuda_graphs and device.type == "cuda":
             record.update(_graph_replay(prepared, shape, device, warmup_ms, rep_ms, sampler))
+            if "fwdbwd_graph_ms" in record:
+                record["floor_ratio_fwdbwd_graph"] = record["fwdbwd_graph_ms"] / record["floor_fwdbwd_ms"]
     except Exception as exc:  # noqa: BLE001 - one provider failing must not stop the run
         record_failure(record, exc)
     finally:
@@ -254,6 +256,8 @@ def compute_speedups(results: list[dict]) -> list[dict]:
                     "baseline": name,
                     "fwd": metrics.speedup(other["fwd_ms"], me["fwd_ms"]),
                     "fwdbwd": metrics.speedup(other["fwdbwd_ms"], me["fwdbwd_ms"]),
+                    # both sides as CUDA-graph replays (``--cuda-graphs``): device time without the host's
+                    "fwdbwd_graph": metrics.speedup(other.get("fwdbwd_graph_ms"), me.get("fwdbwd_graph_ms")),
                 }
             )
     return sorted(rows, key=lambda r: (r["grid"], r["ours"], r["baseline"], r["seqlen"]))

@@ -79,34 +79,44 @@ def ok_row(kern: Kernels, grid: str, p: str, t: int) -> dict | None:
     return r if r is not None and r.get("status") == "ok" else None
 
 
-def vs_fla(kern: Kernels, grid: str, bounds: dict[str, float]):
+def vs_fla(kern: Kernels, grid: str, bounds: dict[str, float], replays: bool = False):
     """A per-T check: our speedup over FLA at least ``bounds[mode]`` for each mode ("fwd", "fwdbwd") given; a point
-    where ours ran out of memory or failed fails."""
+    where ours ran out of memory or failed fails. ``replays``: the fwd+bwd judged on CUDA-graph replays of both sides
+    where the run timed them (device time: a plain call's ratio follows its process's host time)."""
 
     def check(p: str, t: int):
         s = kern.speedups.get((grid, t, p, "fla"))
+        if s is not None and replays and s.get("fwdbwd_graph") is not None:
+            s = {**s, "fwdbwd": s["fwdbwd_graph"]}
+            label = {"fwd": "fwd", "fwdbwd": "fwd+bwd replayed"}
+        else:
+            label = {"fwd": "fwd", "fwdbwd": "fwd+bwd"}
         if s is None or any(s[mode] is None for mode in bounds):
             r = kern.rows.get((grid, p, t))
             return (False, "OOM/error") if r is not None and r.get("status") in ("oom", "error") else None
         if len(bounds) == 1:
             text = times(s[next(iter(bounds))])
         else:
-            text = ", ".join(f"{'fwd+bwd' if mode == 'fwdbwd' else mode} {times(s[mode])}" for mode in bounds)
+            text = ", ".join(f"{label[mode]} {times(s[mode])}" for mode in bounds)
             text = f"({text})"
         return all(s[mode] >= bound for mode, bound in bounds.items()), text
 
     return check
 
 
-def within_floor(kern: Kernels, grid: str, bounds: dict[str, float]):
-    """A per-T check: ours ÷ the HBM floor at most ``bounds[mode]`` for each mode ("fwd", "fwdbwd") given."""
+def within_floor(kern: Kernels, grid: str, bounds: dict[str, float], replays: bool = False):
+    """A per-T check: ours ÷ the HBM floor at most ``bounds[mode]`` for each mode ("fwd", "fwdbwd") given;
+    ``replays``: the fwd+bwd's CUDA-graph replay where the run timed it."""
 
     def check(p: str, t: int):
         r = ok_row(kern, grid, p, t)
         ratios = {mode: None if r is None else r.get(f"floor_ratio_{mode}") for mode in bounds}
+        replayed = replays and r is not None and r.get("floor_ratio_fwdbwd_graph") is not None and "fwdbwd" in ratios
+        if replayed:
+            ratios["fwdbwd"] = r["floor_ratio_fwdbwd_graph"]
         if any(x is None for x in ratios.values()):
             return None
-        text = " / ".join(f"{num(x)}×" for x in ratios.values())
+        text = " / ".join(f"{num(x)}×" for x in ratios.values()) + (" (fwd+bwd replayed)" if replayed else "")
         return all(ratios[mode] <= bound for mode, bound in bounds.items()), text
 
     return check
@@ -165,14 +175,15 @@ def targets(run: Run, kern: Kernels) -> list[Verdict]:
 def goals(kern: Kernels) -> list[Verdict]:
     """The further targets of the performance work: at every T of grid (a), fwd+bwd ≥ 2× and fwd ≥ 1.5× FLA at
     each head dim, and at K = V = 128 fwd within 1.25× and fwd+bwd within 1.7× of the HBM floor (the tables give
-    the floor ratios of the other head dims)."""
+    the floor ratios of the other head dims). They are targets for the kernels: the fwd+bwd is judged by device
+    time, as CUDA-graph replays, where the run timed them (``bench kernels --cuda-graphs``)."""
     rows = []
     for dim in (64, 128, 256):
         grid = f"a-d{dim}"
-        check = vs_fla(kern, grid, {"fwdbwd": 2.0, "fwd": 1.5})
+        check = vs_fla(kern, grid, {"fwdbwd": 2.0, "fwd": 1.5}, replays=True)
         rows.append(Verdict("kernels", f"K = V = {dim}: fwd+bwd ≥ 2× and fwd ≥ 1.5× FLA at every T of grid (a)",
                             *kernel_target(kern, grid, GRID_A_SEQLENS, check, "fla")))  # fmt: skip
-    floor = within_floor(kern, GRID_A, {"fwd": 1.25, "fwdbwd": 1.7})
+    floor = within_floor(kern, GRID_A, {"fwd": 1.25, "fwdbwd": 1.7}, replays=True)
     what = "K = V = 128: fwd ≤ 1.25× and fwd+bwd ≤ 1.7× the HBM floor at every T of grid (a)"
     rows.append(Verdict("kernels", what, *kernel_target(kern, GRID_A, GRID_A_SEQLENS, floor)))
     return rows

@@ -39,7 +39,6 @@ from lightning_attention import settings
 from lightning_attention.ops.lightning import naive, plan, run
 from lightning_attention.ops.lightning.kernels.configs import (
     dkdv_candidates,
-    dkdv_descriptor_space,
     state_operand_bytes,
     walk_candidates,
 )
@@ -77,9 +76,7 @@ def unit_candidates(
         if family == "dkdv":
             if not plan.use_fused_dkdv(problem, D, D):
                 return []
-            tma = plan.tma_enabled(problem.device, problem.settings) and bool(
-                dkdv_descriptor_space(D, D, q.element_size(), state_bytes, limit)
-            )  # as launches.dkdv_launch decides for the unit's contiguous tensors
+            tma = plan.dkdv_descriptors(problem, D, D)  # as launches.dkdv_launch decides for contiguous tensors
             found = dkdv_candidates(D, D, q.element_size(), state_bytes, limit, 0, plan.pin(problem), tma)
             return [dkdv_shape(c, D) for c in found]
         found = walk_candidates(

@@ -15,7 +15,6 @@ from lightning_attention.ops.lightning.kernels import dkdv_walk, tuned, walk, wa
 from lightning_attention.ops.lightning.kernels.configs import (
     cdiv,
     dkdv_candidates,
-    dkdv_descriptor_space,
     inter_only_config,
     inter_only_tile,
     padded_dim,
@@ -34,6 +33,7 @@ from lightning_attention.ops.lightning.plan import (
     PrepassPieces,
     SegmentPlan,
     acc_dtype,
+    dkdv_descriptors,
     pin,
     precisions,
     prepass_pieces,
@@ -235,13 +235,8 @@ def dkdv_launch(b, p, q, k, v, do, dk, dv, *, slope, dht, dh0, g_states, plan, T
     DK, DV = q.shape[-1], v.shape[-1]
     dot_prec, inter_prec, _ = precisions(q.dtype, p.settings)  # never "split": use_fused_dkdv
     fixed_bt = inter_only_tile(inter_chunk) if inter_chunk else 0
-    # descriptors need whole chunks (not the inter-only mode), as in the walk, and run only the configurations measured
-    # with them (elsewhere the pointer loads of the fused walk's first space, as measured)
     state_bytes = state_operand_bytes(inter_prec)
-    use_tma = (
-        not inter_chunk and tma_ready(p.device, p.settings, q, k, v, do, dk, dv)
-        and bool(dkdv_descriptor_space(DK, DV, q.element_size(), state_bytes, p.device.shared_per_block))
-    )  # fmt: skip
+    use_tma = dkdv_descriptors(p, DK, DV, q, k, v, do, dk, dv)
     if use_tma and p.device.is_cuda:
         b.call(ensure_allocator)
     cu = _cu_seqlens(b, p) if plan.varlen == 1 else None

@@ -438,6 +438,18 @@ def prepass_pieces(problem: ChunkProblem, plan: SegmentPlan, skip_final: bool, r
 # backward variants
 
 
+def dkdv_descriptors(problem: ChunkProblem, DK: int, DV: int, *tensors) -> bool:
+    """Whether the fused dk/dv walk moves ``tensors`` (q, k, v, do and, at the launch, dk, dv: specs or refs; none:
+    contiguous ones) by tensor descriptors: whole chunks (not the inter-only mode), tensors the descriptors take, and
+    a configuration of :func:`.configs.dkdv_descriptor_space`, the configurations measured with them, fitting the
+    shared memory. Elsewhere the fused walk loads through pointers, as measured."""
+    state_bytes = state_operand_bytes(inter_precision(problem))
+    return (
+        not problem.inter_chunk and tma_ready(problem.device, problem.settings, *tensors)
+        and bool(dkdv_descriptor_space(DK, DV, problem.q.element_size(), state_bytes, problem.device.shared_per_block))
+    )  # fmt: skip
+
+
 def use_fused_dkdv(problem: ChunkProblem, DK: int, DV: int) -> bool:
     """Whether dk and dv come from the fused walk (kernels/dkdv_walk.py) rather than two reverse walks. The
     ``fused_dkdv`` setting forces it on or off; by default (None) it runs where it was measured faster: 16-bit inputs
@@ -453,9 +465,8 @@ def use_fused_dkdv(problem: ChunkProblem, DK: int, DV: int) -> bool:
     if choice is None:
         tensors = (problem.q, problem.k, problem.v, problem.do)
         return (
-            problem.dtype in (torch.bfloat16, torch.float16) and not problem.inter_chunk
-            and None not in tensors and tma_ready(problem.device, problem.settings, *tensors)
-            and bool(dkdv_descriptor_space(DK, DV, elem_bytes, state_bytes, limit))
+            problem.dtype in (torch.bfloat16, torch.float16) and None not in tensors
+            and dkdv_descriptors(problem, DK, DV, *tensors)
         )  # fmt: skip
     return use_dkdv_walk(DK, DV, elem_bytes, state_bytes, limit)
 

@@ -361,10 +361,8 @@ def dkdv_candidates(
     BK, BV = padded_dim(DK), padded_dim(DV)
     if pin is not None:
         space = ((pin[0], pin[2], pin[3]),)
-    elif tma and dkdv_descriptor_space(DK, DV, elem_bytes, state_bytes, limit):
-        space = dkdv_descriptor_space(DK, DV, elem_bytes, state_bytes, limit)
     else:
-        space = _DKDV_SPACE
+        space = (tma and dkdv_descriptor_space(DK, DV, elem_bytes, state_bytes, limit)) or _DKDV_SPACE
     configs, seen = [], set()
     for bt, w, s in space:
         key = (w, s) if fixed_bt else (bt, w, s)
