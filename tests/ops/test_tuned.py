@@ -211,8 +211,9 @@ def test_measure_pins_each_candidate_and_finds_the_fastest(tune_table, monkeypat
     import timed_calls
 
     class FakeProblem:
-        def __init__(self, B, T, D, dtype):
-            self.p = problem(B=B, T=T, K=D, V=D, dtype=dtype, precision=settings.current().precision)
+        def __init__(self, B, T, D, dtype):  # the settings the script measures under (it turns the Gluon walk off)
+            current = settings.current()
+            self.p = problem(B=B, T=T, K=D, V=D, dtype=dtype, precision=current.precision, gluon=current.gluon)
 
         def fwd_bwd(self):
             run.forward_program(self.p)
