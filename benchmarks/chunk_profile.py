@@ -29,8 +29,8 @@ from lightning_attention import settings
 from lightning_attention.ops.lightning import plan, run
 
 # the configuration keys a line shows (the rest is in the JSON); flags are shown when set
-_SHOWN = ("BT", "BV", "num_warps", "num_stages")
-_FLAGS = ("REVERSE", "SEG_IN", "STATE_ONLY", "SKIP_FINAL", "USE_TMA", "INTER_APART", "VARLEN")
+_SHOWN = ("BT", "BV", "num_warps", "num_stages", "STAGES")
+_FLAGS = ("REVERSE", "SEG_IN", "STATE_ONLY", "SKIP_FINAL", "USE_TMA", "INTER_APART", "VARLEN", "SPLIT")
 
 
 def call_programs(problem) -> dict:
@@ -60,7 +60,8 @@ def launch_rows(program) -> list[dict]:
         if compiled is not None:
             meta = compiled.metadata
             config.setdefault("num_warps", getattr(meta, "num_warps", None))
-            config.setdefault("num_stages", getattr(meta, "num_stages", None))
+            if "STAGES" not in config:  # a Gluon kernel's ring has its own STAGES; its num_stages option is unused
+                config.setdefault("num_stages", getattr(meta, "num_stages", None))
             # the same attributes on Triton and Gluon kernels of the Triton versions this library supports
             row.update(n_regs=getattr(compiled, "n_regs", None), n_spills=getattr(compiled, "n_spills", None),
                        shared=getattr(meta, "shared", None))  # fmt: skip

@@ -26,7 +26,7 @@ import sys
 import time
 
 import torch
-from timed_calls import device_ms, parse_shape, write_json
+from timed_calls import device_ms, event_block, parse_shape, write_json
 
 from lightning_attention.bench import clocks
 from lightning_attention.bench.providers import GRID_HEADS, LIGHTNING_ATTN
@@ -55,16 +55,10 @@ def sustained(fn, seconds: float, sampler) -> list[dict]:
     """``fn`` called back to back for ``seconds``: per block of calls (about 0.1 s), the seconds since the start, the
     ms per call (CUDA events around the block) and the block's clock and power samples."""
     start, rows = time.monotonic(), []
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     calls = 1
     while time.monotonic() - start < seconds:
         t0 = time.monotonic()
-        begin.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
-        ms = begin.elapsed_time(end) / calls
+        ms, _ = event_block(fn, calls)
         rows.append({"second": round(t0 - start, 3), "ms": round(ms, 4), **sampler.window(t0, time.monotonic())})
         calls = max(1, round(100 / ms))
     return rows

@@ -216,7 +216,7 @@ def _decode(batch: int, steps: int = 200, loops: int = 15) -> dict:
     ``steps`` steps, and from the wall clock (synchronised), each the minimum of ``loops`` loops; host µs per step
     enqueued (the minimum of as many loops), and device µs per step of 20 steps replayed as a CUDA graph."""
     import torch
-    from timed_calls import graph_ms, host_ms
+    from timed_calls import event_block, graph_ms, host_ms
 
     import lightning_attention as la
 
@@ -236,16 +236,10 @@ def _decode(batch: int, steps: int = 200, loops: int = 15) -> dict:
     torch.cuda.synchronize()
     events, walls = [], []
     for _ in range(loops):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        start.record()
-        for _ in range(steps):
-            step()
-        end.record()
-        end.synchronize()
-        walls.append((time.perf_counter() - t0) / steps * 1e6)
-        events.append(start.elapsed_time(end) / steps * 1e3)
+        ms, seconds = event_block(step, steps)
+        walls.append(seconds / steps * 1e6)
+        events.append(ms * 1e3)
     host = host_ms(step, calls=steps, loops=loops, statistic=min) * 1e3
     device = graph_ms(step, steps=20, warmup=10, rep=60)
     device = None if device is None else device * 1e3

@@ -105,6 +105,19 @@ def kernel_ms(fn: Callable[[], object], calls: int = 20) -> float:
     return statistics.median(sum(k["us"] for k in call) / 1e3 for call in profiled_kernels(fn, calls))
 
 
+def event_block(fn: Callable[[], object], calls: int) -> tuple[float, float]:
+    """``calls`` back-to-back calls of ``fn`` between two CUDA events: (device ms per call from the events, host
+    seconds from the first call to the closing event's completion)."""
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.perf_counter()
+    begin.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) / calls, time.perf_counter() - t0
+
+
 def host_ms(fn: Callable[[], object], calls: int = 50, loops: int = 3, statistic=statistics.median) -> float:
     """Host ms to enqueue one call of ``fn``: ``calls`` calls without a synchronisation in between, timed before the
     closing synchronisation, divided by ``calls``; the ``statistic`` (median, or ``min`` to compare code on a shared

@@ -209,7 +209,7 @@ def build_ws(kind: str, cc: int, DK: int, DV: int, flags: dict) -> dict:
     from lightning_attention.ops.lightning.kernels import walk_ws
 
     BV = walk_ws.value_tile(DK, DV)
-    constexprs = dict(DK=DK, DV=DV, BT=walk_ws.WS_BT, BV=BV, REVERSE=False, HAS_DECAY=True)
+    constexprs = dict(DK=DK, DV=DV, BT=walk_ws.WS_BT, BV=BV, REVERSE=False, HAS_DECAY=True, SPLIT=False)
     if kind == "walk_ws":
         fn = walk_ws.lightning_walk_ws_kernel
         constexprs.update(STAGES=walk_ws.WS_STAGES, USE_H0=True, STORE_HT=True, SEG_IN=False)

@@ -39,7 +39,8 @@ SPLIT_FORWARD = {"SPLIT_OPERANDS": True}
 INTER_ONLY_256 = {"INTER_ONLY": True, "BT": 256, "REVERSE": True}
 # the two-warpgroup walk (Gluon, sm_90 only), (K, V, flags): at K = 256 forward with h0 and final state, the reverse
 # walk with dht and dh0, segments in both directions, no decay, and V = 64 (one pair of value tiles); at K = 128
-# (64-wide value tiles) the forward, the backward's segmented reverse walk, and V = 256 (two pairs)
+# (64-wide value tiles) the forward, the backward's segmented reverse walk, and V = 256 (two pairs), and the forward
+# and the segmented reverse walk under the split precision (the most shared memory of any build)
 WALK_WS_BUILDS = [
     (256, 256, {}),
     (256, 256, {"REVERSE": True}),
@@ -50,9 +51,16 @@ WALK_WS_BUILDS = [
     (128, 128, {}),
     (128, 128, {"SEG_IN": True, "USE_H0": False, "STORE_HT": False, "REVERSE": True}),
     (128, 256, {}),
+    (128, 128, {"SPLIT": True}),
+    (128, 128, {"SPLIT": True, "SEG_IN": True, "USE_H0": False, "STORE_HT": False, "REVERSE": True}),
 ]
-# its pre-pass: forward, and reverse with the walk's first segment skipped
-STATE_WS_BUILDS = [(256, 256, {}), (256, 256, {"REVERSE": True, "SKIP_FINAL": True}), (128, 128, {})]
+# its pre-pass: forward, and reverse with the walk's first segment skipped; at K = 128 also split
+STATE_WS_BUILDS = [
+    (256, 256, {}),
+    (256, 256, {"REVERSE": True, "SKIP_FINAL": True}),
+    (128, 128, {}),
+    (128, 128, {"SPLIT": True, "REVERSE": True, "SKIP_FINAL": True}),
+]
 
 
 # the tuned tables shipped without a GPU run (the selector's first candidates): every entry is built for its target

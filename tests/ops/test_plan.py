@@ -222,8 +222,8 @@ def test_grid_a_plans_at_k128(B, T, segments, gluon):
 @pytest.mark.parametrize("K", [128, 256])
 def test_bf16_runs_the_two_warpgroup_walk_on_an_h100(K):
     """K = V = 128 or 256, bf16, sm_90: the walks and pre-passes of the forward and backward are the Gluon kernels
-    wherever the grid fills the GPU; off sm_90, with the gluon setting off, in fp16, with the split precision, at
-    K = 64 or with a grid under half the SMs, the Triton walk."""
+    wherever the grid fills the GPU, at K = 128 under the split precision too; off sm_90, with the gluon setting off,
+    in fp16, with the split precision at K = 256, at K = 64 or with a grid under half the SMs, the Triton walk."""
     if walk_ws.lightning_walk_ws_kernel is None or not walk_ws.triton_version_supported():
         pytest.skip("this Triton has no Gluon the two-warpgroup walk was checked with")
     ws = "lightning_attn walk (two warpgroups)"
@@ -231,8 +231,10 @@ def test_bf16_runs_the_two_warpgroup_walk_on_an_h100(K):
     assert set(kernels_of(run.forward_program(p))) == {ws}
     backward = kernels_of(run.backward_program(problem(B=16, T=4096, K=K, V=K, backward=True)))
     assert backward.count(ws) == 3  # dq, dv, dk
+    split = kernels_of(run.forward_program(problem(B=16, T=4096, K=K, V=K, precision="split")))
+    assert (ws in split) == (K in walk_ws.WS_SPLIT_KEY_DIMS) and walk_ws.WS_SPLIT_KEY_DIMS == (128,)
     for other in (dict(gluon=False), dict(device=DeviceInfo.of_capability(80, sm_count=108)),
-                  dict(dtype=torch.float16), dict(precision="split"), dict(B=1, T=1024)):  # fmt: skip
+                  dict(dtype=torch.float16), dict(B=1, T=1024)):  # fmt: skip
         assert ws not in kernels_of(run.forward_program(problem(**{"B": 16, "T": 4096, "K": K, "V": K, **other})))
     assert ws not in kernels_of(run.forward_program(problem(B=16, T=4096, K=64, V=64)))
     assert walk_ws.value_tile(K, 2 * K) == walk_ws.value_tile(K, K) and walk_ws.value_tile(K, 48) is None

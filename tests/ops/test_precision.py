@@ -59,14 +59,18 @@ def test_split_precision_reaches_the_rounding_floor(dtype, K, seg, triton_backen
 
 
 def test_split_precision_rules_out_the_kernels_without_split_products():
-    """The fused dk/dv walk and the two-warpgroup walk have no split products: under the split precision the plan
-    runs the Triton walks even where its settings or the shape would pick those."""
+    """The fused dk/dv walk, and the two-warpgroup walk at K = 256 (whose split operands would not fit its shared
+    memory), have no split products: under the split precision the plan runs the Triton walks even where its settings
+    or the shape would pick those. At K = 128 the two-warpgroup walk splits its operands itself."""
+    from lightning_attention.ops.lightning import plan
     from lightning_attention.ops.lightning.plan import precisions, use_fused_dkdv, walk_ws_shape
     from tests.ops.test_plan import problem
 
     assert use_fused_dkdv(problem(fused_dkdv=True), 64, 64)
     assert not use_fused_dkdv(problem(fused_dkdv=True, precision="split"), 64, 64)
     assert not walk_ws_shape(problem(K=256, V=256, precision="split"), 256, 256)
+    if plan._walk_ws_available():  # a Triton with the Gluon the two-warpgroup walk was checked with
+        assert walk_ws_shape(problem(K=128, V=128, precision="split"), 128, 128)
     split = settings.Settings(precision="split")
     assert precisions(torch.bfloat16, split) == (None, "split", True)
     assert precisions(torch.float16, split) == (None, "bf16x3", True)  # the state is never rounded to fp16

@@ -136,19 +136,19 @@ def walk_launch(
     use_tma = not (inter_chunk and not state_only) and tma_ready(p.device, p.settings, q, k, v, o_)
     if use_tma and p.device.is_cuda:
         b.call(ensure_allocator)
+    dot_prec, inter_prec, split = precisions(q.dtype, p.settings)
     if use_walk_ws(p, DK, DV, plan, inter_chunk, use_tma):
         if state_only:
             _two_warpgroup_prepass(
                 b, k, v, states, slope=slope, plan=plan, T=T, H=H, scale_upd=scale_upd, reverse=reverse,
-                skip_final=skip_final,
+                skip_final=skip_final, split=split,
             )  # fmt: skip
         else:
             _two_warpgroup_walk(
                 b, q, k, v, o, slope=slope, h0=h0, ht=ht, states=states, plan=plan, T=T, H=H,
-                scale_intra=scale_intra, scale_inter=scale_inter, scale_upd=scale_upd, reverse=reverse,
+                scale_intra=scale_intra, scale_inter=scale_inter, scale_upd=scale_upd, reverse=reverse, split=split,
             )  # fmt: skip
         return
-    dot_prec, inter_prec, split = precisions(q.dtype, p.settings)
     cu = _cu_seqlens(b, p) if plan.varlen == 1 else None
     table = None if plan.seg_table is None else _segment_table(b, plan)
     wave_count = waves(p, cdiv(DV, 64) * H * plan.total)
@@ -191,10 +191,10 @@ def walk_launch(
 
 
 def _two_warpgroup_walk(
-    b, q, k, v, o, *, slope, h0, ht, states, plan, T, H, scale_intra, scale_inter, scale_upd, reverse
+    b, q, k, v, o, *, slope, h0, ht, states, plan, T, H, scale_intra, scale_inter, scale_upd, reverse, split
 ):
     """One launch of the two-warpgroup walk, with :func:`walk_launch`'s arguments (the cases ``plan.use_walk_ws``
-    allows)."""
+    allows); ``split``: the split precision's operands."""
     DK, DV = q.shape[-1], v.shape[-1]
     args = (
         q, k, v, o, *pointers(q, slope, h0, ht, states),
@@ -209,13 +209,15 @@ def _two_warpgroup_walk(
         USE_H0=h0 is not None and not plan.segmented,
         STORE_HT=ht is not None and not plan.segmented,
         SEG_IN=plan.segmented,
+        SPLIT=split,
         num_warps=walk_ws.WS_WARPS,
     )  # fmt: skip
     b.launch(_WALK_WS, (walk_ws_programs(DK, DV, H * plan.total),), args, constexprs, q)
 
 
-def _two_warpgroup_prepass(b, k, v, states, *, slope, plan, T, H, scale_upd, reverse, skip_final):
-    """One launch of the two-warpgroup pre-pass: the local state of every segment of ``plan`` into ``states``."""
+def _two_warpgroup_prepass(b, k, v, states, *, slope, plan, T, H, scale_upd, reverse, skip_final, split):
+    """One launch of the two-warpgroup pre-pass: the local state of every segment of ``plan`` into ``states``
+    (``split``: the decayed values as two halves)."""
     DK, DV = k.shape[-1], v.shape[-1]
     args = (
         k, v, *pointers(k, slope), states,
@@ -224,7 +226,7 @@ def _two_warpgroup_prepass(b, k, v, states, *, slope, plan, T, H, scale_upd, rev
     )  # fmt: skip
     constexprs = dict(
         DK=DK, DV=DV, BT=walk_ws.WS_BT, BV=walk_ws.value_tile(DK, DV), STAGES=walk_ws.WS_STATE_STAGES,
-        REVERSE=reverse, HAS_DECAY=slope is not None, SKIP_FINAL=skip_final, num_warps=walk_ws.WS_WARPS,
+        REVERSE=reverse, HAS_DECAY=slope is not None, SKIP_FINAL=skip_final, SPLIT=split, num_warps=walk_ws.WS_WARPS,
     )  # fmt: skip
     b.launch(_STATE_WS, (walk_ws_programs(DK, DV, H * plan.total),), args, constexprs, k)
 

@@ -198,13 +198,16 @@ def _walk_ws_available() -> bool:
 
 def walk_ws_shape(problem: ChunkProblem, DK: int, DV: int) -> bool:
     """Whether walks of this problem may run the two-warpgroup kernel (``kernels/walk_ws.py``): bf16 with the bf16
-    inter product, K = 128 or 256 with V a multiple of the kernel's two value tiles, on an sm_90 GPU (Hopper's
-    warpgroup MMA) with descriptors on and a Triton it was checked with, unless the ``gluon`` setting is off."""
+    inter product, or the split precision at a key dim the kernel splits (``walk_ws.WS_SPLIT_KEY_DIMS``), K = 128 or
+    256 with V a multiple of the kernel's two value tiles, on an sm_90 GPU (Hopper's warpgroup MMA) with descriptors
+    on and a Triton it was checked with, unless the ``gluon`` setting is off."""
     device, settings = problem.device, problem.settings
+    inter = inter_precision(problem)
     return (
         device.is_cuda and device.capability == 90 and problem.dtype == torch.bfloat16
-        and walk_ws.value_tile(DK, DV) is not None and inter_precision(problem) == "input" and settings.gluon
-        and tma_enabled(device, settings) and _walk_ws_available()
+        and walk_ws.value_tile(DK, DV) is not None
+        and (inter == "input" or inter == "split" and DK in walk_ws.WS_SPLIT_KEY_DIMS)
+        and settings.gluon and tma_enabled(device, settings) and _walk_ws_available()
     )  # fmt: skip
 
 

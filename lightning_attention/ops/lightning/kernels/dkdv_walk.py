@@ -28,7 +28,7 @@ from lightning_attention.ops.lightning.kernels.walk import (
     AUTOTUNE_CACHE,
     _segment,
     chunk_rows,
-    head_start,
+    head_rows_descriptor,
     inter_decay,
     inter_product,
     intra_product,
@@ -106,18 +106,12 @@ def _dkdv_walk_kernel(
     if USE_TMA:
         # descriptors over the rows [0, eos) of this (batch row, head), as in the walk: rows >= eos and columns past
         # the head dims read as zeros and are not written; chunks end at eos or at C == BT tokens
-        d_q = tl.make_tensor_descriptor(head_start(q, sq, i_b, i_h), shape=[eos, DK], strides=[sq[1], 1],
-                                        block_shape=[BT, BK])  # fmt: skip
-        d_k = tl.make_tensor_descriptor(head_start(k, sk, i_b, i_h), shape=[eos, DK], strides=[sk[1], 1],
-                                        block_shape=[BT, BK])  # fmt: skip
-        d_v = tl.make_tensor_descriptor(head_start(v, sv, i_b, i_h), shape=[eos, DV], strides=[sv[1], 1],
-                                        block_shape=[BT, BV])  # fmt: skip
-        d_do = tl.make_tensor_descriptor(head_start(do, sdo, i_b, i_h), shape=[eos, DV], strides=[sdo[1], 1],
-                                         block_shape=[BT, BV])  # fmt: skip
-        d_dk = tl.make_tensor_descriptor(head_start(dk, sdk, i_b, i_h), shape=[eos, DK], strides=[sdk[1], 1],
-                                         block_shape=[BT, BK])  # fmt: skip
-        d_dv = tl.make_tensor_descriptor(head_start(dv, sdv, i_b, i_h), shape=[eos, DV], strides=[sdv[1], 1],
-                                         block_shape=[BT, BV])  # fmt: skip
+        d_q = head_rows_descriptor(q, sq, i_b, i_h, eos, DK, BT, BK)
+        d_k = head_rows_descriptor(k, sk, i_b, i_h, eos, DK, BT, BK)
+        d_v = head_rows_descriptor(v, sv, i_b, i_h, eos, DV, BT, BV)
+        d_do = head_rows_descriptor(do, sdo, i_b, i_h, eos, DV, BT, BV)
+        d_dk = head_rows_descriptor(dk, sdk, i_b, i_h, eos, DK, BT, BK)
+        d_dv = head_rows_descriptor(dv, sdv, i_b, i_h, eos, DV, BT, BV)
 
     # incoming G [BK, BV]: the segment's state from the scan, dht, or zeros
     b_g = tl.zeros([BK, BV], dtype=ACC)

@@ -127,6 +127,14 @@ def head_start(x, s, i_b, i_h):
 
 
 @triton.jit
+def head_rows_descriptor(x, s, i_b, i_h, eos, D: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
+    """A tensor descriptor over the rows [0, eos) of :func:`head_start`'s head (D columns, token stride s[1]) in
+    [BR, BC] tiles: rows >= eos and columns >= D read as zeros and are not written."""
+    return tl.make_tensor_descriptor(head_start(x, s, i_b, i_h), shape=[eos, D], strides=[s[1], 1],
+                                     block_shape=[BR, BC])  # fmt: skip
+
+
+@triton.jit
 def row_tile(x, s, i_b, i_h, rows, o_d):
     """Pointers [R, D] to tokens ``rows`` [R] (int64) and columns ``o_d`` [D] of :func:`head_start`'s head."""
     return head_start(x, s, i_b, i_h) + rows[:, None] * s[1] + o_d[None, :]
@@ -319,13 +327,11 @@ def _walk_kernel(
         # one descriptor per tensor over the rows [0, eos) of this (batch row, head): rows >= eos and columns >= DK
         # / DV read as zeros and are not written, as the masks below do, with no per-element address or mask in
         # registers (the copy engine computes them). Chunks end at eos or at C == BT tokens (no inter-only mode).
-        p_k, p_v = head_start(k, sk, i_b, i_h), head_start(v, sv, i_b, i_h)
-        d_k = tl.make_tensor_descriptor(p_k, shape=[eos, DK], strides=[sk[1], 1], block_shape=[BT, BK])
-        d_v = tl.make_tensor_descriptor(p_v, shape=[eos, DV], strides=[sv[1], 1], block_shape=[BT, BV])
+        d_k = head_rows_descriptor(k, sk, i_b, i_h, eos, DK, BT, BK)
+        d_v = head_rows_descriptor(v, sv, i_b, i_h, eos, DV, BT, BV)
         if not STATE_ONLY:
-            p_q, p_o = head_start(q, sq, i_b, i_h), head_start(o, so, i_b, i_h)
-            d_q = tl.make_tensor_descriptor(p_q, shape=[eos, DK], strides=[sq[1], 1], block_shape=[BT, BK])
-            d_o = tl.make_tensor_descriptor(p_o, shape=[eos, DV], strides=[so[1], 1], block_shape=[BT, BV])
+            d_q = head_rows_descriptor(q, sq, i_b, i_h, eos, DK, BT, BK)
+            d_o = head_rows_descriptor(o, so, i_b, i_h, eos, DV, BT, BV)
 
     # incoming state [BK, BV]: a segment boundary state from the scan, the initial state, or zeros
     b_s = tl.zeros([BK, BV], dtype=ACC)

@@ -19,7 +19,8 @@ K = 128 or 256 (the state's rows), V a multiple of two value tiles, fixed-length
 host-planned segments (``SEG_IN``), tensor descriptors; the scan, the inter-only mode and every other shape stay with
 the Triton kernels. Values match the Triton walk's up to the order of the fp32 sums (the same roundings: scores and
 λ-weighted values to bf16 as mma operands, S to bf16 for q·S); the state-update scale is folded into the λ-weighted
-value tile before its rounding.
+value tile before its rounding. With ``SPLIT`` (the split precision, at the key dims of :data:`WS_SPLIT_KEY_DIMS`) each
+of those three fp32 operands enters its product as two bf16 halves, as in the Triton walk (``walk.split_halves``).
 
 Gluon has no interpreter: on a machine without an sm_90 GPU the kernel is only compiled (tests/ops/test_aot.py).
 """
@@ -41,12 +42,15 @@ except ImportError:  # a Triton without Gluon (< 3.5): the Triton walk everywher
 
 # one configuration per key dim: 64-token chunks, two value tiles of WS_VALUE_TILES[K] columns per program (one per
 # consumer), two stages, 4 warps per consumer and one producer warp. Shared memory: 197 KB at K = 256 (three stages
-# would need 269 KB), 164 KB at K = 128 (three stages, 213 KB, made the backward's walks 3-8% slower)
+# would need 269 KB), 164 KB at K = 128 (three stages, 213 KB, made the reverse walks 4-10% slower at 1K-8K)
 WS_BT = 64
 WS_VALUE_TILES = {128: 64, 256: 32}
 WS_STAGES = 2
 WS_STATE_STAGES = 4  # the pre-pass keeps no q, o or state operand tiles: four stages in 172 KB (K = 256), 148 KB (128)
 WS_WARPS = 4
+# the split precision adds per consumer a low half of the state operand and of the decayed values: 213 KB at K = 128;
+# at K = 256 they would need 237 KB, over the 227 KB a block may take, and the Triton walk keeps that case
+WS_SPLIT_KEY_DIMS = (128,)
 
 # the Triton versions it is run or built with: 3.6 on the H100 / H200 runs, 3.8 in CI's sm_90 builds (Gluon is an
 # experimental API that may change); with another version the dispatcher keeps the Triton walk
@@ -67,6 +71,15 @@ def value_tile(DK: int, DV: int) -> int | None:
 
 if gluon is not None:
     RCP_LN2 = gl.constexpr(1.4426950408889634)  # log2(e): exp(-s·x) == exp2(-s·log2(e)·x)
+
+    @gluon.jit
+    def _store_operand(x, hi_s, lo_s, SPLIT: gl.constexpr):
+        """Stores the fp32 tile ``x`` as a bf16 mma operand in ``hi_s``; with SPLIT as two halves, hi = bf16(x) in
+        ``hi_s`` and lo = bf16(x - hi) in ``lo_s`` (hi + lo carries 16 significand bits of x)."""
+        hi = x.to(gl.bfloat16)
+        hi_s.store(hi)
+        if SPLIT:
+            lo_s.store((x - hi.to(gl.float32)).to(gl.bfloat16))
 
     @gluon.jit
     def _chunk_start(i, n_chunks, bos, BT: gl.constexpr, REVERSE: gl.constexpr):
@@ -141,12 +154,14 @@ if gluon is not None:
         return base + rk[:, None].to(gl.int64) * s_k + (col0 + cv)[None, :].to(gl.int64) * s_v
 
     @gluon.jit
-    def _consumer(CID: gl.constexpr, o_desc, q_s, k_s, v_s, ready, empty, s_s, vd_s, o_s, s_in, ht,
+    def _consumer(CID: gl.constexpr, o_desc, q_s, k_s, v_s, ready, empty, s_s, s_lo, vd_s, vd_lo, o_s, s_in, ht,
                   sin_k, sin_v, sht_k, sht_v, n_chunks, bos, eos, last, c, scale_intra, scale_inter, scale_upd, i_vp,
                   DK: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, STAGES: gl.constexpr,
-                  REVERSE: gl.constexpr, HAS_IN: gl.constexpr, STORE_HT: gl.constexpr):  # fmt: skip
+                  REVERSE: gl.constexpr, HAS_IN: gl.constexpr, STORE_HT: gl.constexpr, SPLIT: gl.constexpr):  # fmt: skip
         """Walks value tile 2·i_vp + CID from the incoming state at ``s_in`` (zeros without HAS_IN), storing each
-        chunk's o and, with STORE_HT, the final state at ``ht`` (pointers to this program's [DK, BV] block)."""
+        chunk's o and, with STORE_HT, the final state at ``ht`` (pointers to this program's [DK, BV] block). The
+        state's and the decayed values' bf16 operands go to ``s_s`` and ``vd_s``, with SPLIT their low halves to
+        ``s_lo`` and ``vd_lo``."""
         mma_a: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
         mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BV, 16])
         a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
@@ -174,7 +189,7 @@ if gluon is not None:
             d0 = gl.where(last, 0, 1)
         else:
             d0 = eos * 0 + 1
-        s_s.store(S.to(gl.bfloat16))
+        _store_operand(S, s_s, s_lo, SPLIT)
         fence_async_shared()
         for i in range(n_chunks):
             s = i % STAGES
@@ -184,14 +199,22 @@ if gluon is not None:
             q = q_s.index(s)
             kt = k_s.index(s).permute((1, 0))  # [DK, BT]
             v = v_s.index(2 * s + CID)
-            # q kᵀ and q S issued together; the scores are waited for first
+            # q kᵀ and q S issued together (with SPLIT q S is two products); the scores are waited for first
             a_acc = warpgroup_mma(q, kt, gl.zeros([BT, BT], gl.float32, mma_a), use_acc=False, is_async=True)
             o_acc = warpgroup_mma(q, s_s, gl.zeros([BT, BV], gl.float32, mma_o), use_acc=False, is_async=True)
-            a_acc = warpgroup_mma_wait(num_outstanding=1, deps=(a_acc,))
+            if SPLIT:
+                o_acc = warpgroup_mma(q, s_lo, o_acc, is_async=True)
+                a_acc = warpgroup_mma_wait(num_outstanding=2, deps=(a_acc,))
+            else:
+                a_acc = warpgroup_mma_wait(num_outstanding=1, deps=(a_acc,))
             # the mask selects (a NaN or inf score of a later token must not reach an earlier output: 0·NaN = NaN), on
             # decay, which is 0 exactly above the diagonal and live anyway: selecting on the distances kept them live
             # through the loop and spilled 188 bytes per thread at sm_90 (K = 256 forward 18% slower)
-            a = gl.convert_layout(gl.where(decay != 0.0, a_acc * decay, 0.0).to(gl.bfloat16), a_op)
+            a32 = gl.where(decay != 0.0, a_acc * decay, 0.0)
+            a_hi = a32.to(gl.bfloat16)
+            if SPLIT:
+                a_lo = gl.convert_layout((a32 - a_hi.to(gl.float32)).to(gl.bfloat16), a_op)
+            a = gl.convert_layout(a_hi, a_op)
             o_acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_acc,))
             # inter: λ^(r + d0) on the rows of q·S, r = the walk position from the chunk's first token in walk order
             if REVERSE:
@@ -200,20 +223,24 @@ if gluon is not None:
                 r = to
             inter = gl.where(to < L, gl.exp2(-c * (gl.maximum(r, 0) + d0).to(gl.float32)), 0.0) * scale_inter
             o_acc = warpgroup_mma(a, v, o_acc * inter[:, None], is_async=True)
+            if SPLIT:
+                o_acc = warpgroup_mma(a_lo, v, o_acc, is_async=True)
             # state update: S = λ^(L-1+d0) S + scale_upd · kᵀ (λ^(L-1-r) v), the factors on the v tile's rows
             if REVERSE:
                 rv = L - 1 - tv
             else:
                 rv = tv
             k_dec = gl.where(tv < L, gl.exp2(-c * gl.maximum(L - 1 - rv, 0).to(gl.float32)), 0.0) * scale_upd
-            vd_s.store((v.load(v_blk).to(gl.float32) * k_dec[:, None]).to(gl.bfloat16))
+            _store_operand(v.load(v_blk).to(gl.float32) * k_dec[:, None], vd_s, vd_lo, SPLIT)
             fence_async_shared()
             S = warpgroup_mma(kt, vd_s, S * gl.exp2(-c * (L - 1 + d0).to(gl.float32)), is_async=True)
+            if SPLIT:
+                S = warpgroup_mma(kt, vd_lo, S, is_async=True)
             o_acc, S = warpgroup_mma_wait(num_outstanding=0, deps=(o_acc, S))
             mbarrier.arrive(empty.index(s), count=1)  # this consumer is done with the stage's tiles
             tma.store_wait(pendings=0)  # the previous chunk's o has left o_s
             o_s.store(o_acc.to(gl.bfloat16))
-            s_s.store(S.to(gl.bfloat16))
+            _store_operand(S, s_s, s_lo, SPLIT)
             fence_async_shared()
             tma.async_copy_shared_to_global(o_desc, [lo, col0], o_s)
             d0 = d0 * 0 + 1
@@ -241,6 +268,7 @@ if gluon is not None:
         USE_H0: gl.constexpr,
         STORE_HT: gl.constexpr,
         SEG_IN: gl.constexpr,
+        SPLIT: gl.constexpr,  # the split precision (WS_SPLIT_KEY_DIMS)
     ):  # fmt: skip
         """One program per (pair of value tiles, head, segment), pairs fastest; a fixed-length batch cut into NS
         segments of SEG tokens per sequence (NS = 1: whole sequences). Launched with num_warps = 4 (the first
@@ -275,16 +303,23 @@ if gluon is not None:
         vd_s1 = gl.allocate_shared_memory(gl.bfloat16, [BT, BV], v_layout)
         o_s0 = gl.allocate_shared_memory(gl.bfloat16, [BT, BV], v_layout)
         o_s1 = gl.allocate_shared_memory(gl.bfloat16, [BT, BV], v_layout)
+        if SPLIT:
+            s_lo0 = gl.allocate_shared_memory(gl.bfloat16, [DK, BV], s_layout)
+            s_lo1 = gl.allocate_shared_memory(gl.bfloat16, [DK, BV], s_layout)
+            vd_lo0 = gl.allocate_shared_memory(gl.bfloat16, [BT, BV], v_layout)
+            vd_lo1 = gl.allocate_shared_memory(gl.bfloat16, [BT, BV], v_layout)
+        else:  # never written or read
+            s_lo0, s_lo1, vd_lo0, vd_lo1 = s_s0, s_s1, vd_s0, vd_s1
         n_chunks = gl.cdiv(eos - bos, BT)
         HAS_IN: gl.constexpr = SEG_IN or USE_H0
         gl.warp_specialize(
             [
-                (_consumer, (0, o_desc, q_s, k_s, v_s, ready, empty, s_s0, vd_s0, o_s0, s_in, s_out, sin_k, sin_v,
-                             sht[2], sht[3], n_chunks, bos, eos, last, c, scale_intra, scale_inter, scale_upd, i_vp,
-                             DK, BT, BV, STAGES, REVERSE, HAS_IN, STORE_HT)),
-                (_consumer, (1, o_desc, q_s, k_s, v_s, ready, empty, s_s1, vd_s1, o_s1, s_in, s_out, sin_k, sin_v,
-                             sht[2], sht[3], n_chunks, bos, eos, last, c, scale_intra, scale_inter, scale_upd, i_vp,
-                             DK, BT, BV, STAGES, REVERSE, HAS_IN, STORE_HT)),
+                (_consumer, (0, o_desc, q_s, k_s, v_s, ready, empty, s_s0, s_lo0, vd_s0, vd_lo0, o_s0, s_in, s_out,
+                             sin_k, sin_v, sht[2], sht[3], n_chunks, bos, eos, last, c, scale_intra, scale_inter,
+                             scale_upd, i_vp, DK, BT, BV, STAGES, REVERSE, HAS_IN, STORE_HT, SPLIT)),
+                (_consumer, (1, o_desc, q_s, k_s, v_s, ready, empty, s_s1, s_lo1, vd_s1, vd_lo1, o_s1, s_in, s_out,
+                             sin_k, sin_v, sht[2], sht[3], n_chunks, bos, eos, last, c, scale_intra, scale_inter,
+                             scale_upd, i_vp, DK, BT, BV, STAGES, REVERSE, HAS_IN, STORE_HT, SPLIT)),
                 (_producer, (q_desc, k_desc, v_desc, q_s, k_s, v_s, ready, empty, n_chunks, bos, i_vp, BT, BV, STAGES,
                              REVERSE, True)),
             ],
@@ -293,9 +328,9 @@ if gluon is not None:
         )
 
     @gluon.jit
-    def _state_consumer(CID: gl.constexpr, k_s, v_s, ready, empty, vd_s, out, sout_k, sout_v, n_chunks, bos, eos, c,
-                        scale_upd, i_vp, DK: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
-                        STAGES: gl.constexpr, REVERSE: gl.constexpr):  # fmt: skip
+    def _state_consumer(CID: gl.constexpr, k_s, v_s, ready, empty, vd_s, vd_lo, out, sout_k, sout_v, n_chunks, bos,
+                        eos, c, scale_upd, i_vp, DK: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
+                        STAGES: gl.constexpr, REVERSE: gl.constexpr, SPLIT: gl.constexpr):  # fmt: skip
         """The local state of value tile 2·i_vp + CID over the segment, from zeros: S = λ^L S + scale_upd·kᵀ (λ^(L-1-r)
         v) per chunk (the walk's update with d0 = 1), stored at ``out`` (this program's [DK, BV] block)."""
         mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BV, 16])
@@ -313,9 +348,12 @@ if gluon is not None:
             else:
                 rv = tv
             k_dec = gl.where(tv < L, gl.exp2(-c * gl.maximum(L - 1 - rv, 0).to(gl.float32)), 0.0) * scale_upd
-            vd_s.store((v_s.index(2 * s + CID).load(v_blk).to(gl.float32) * k_dec[:, None]).to(gl.bfloat16))
+            _store_operand(v_s.index(2 * s + CID).load(v_blk).to(gl.float32) * k_dec[:, None], vd_s, vd_lo, SPLIT)
             fence_async_shared()
-            S = warpgroup_mma(k_s.index(s).permute((1, 0)), vd_s, S * gl.exp2(-c * L.to(gl.float32)), is_async=True)
+            kt = k_s.index(s).permute((1, 0))
+            S = warpgroup_mma(kt, vd_s, S * gl.exp2(-c * L.to(gl.float32)), is_async=True)
+            if SPLIT:
+                S = warpgroup_mma(kt, vd_lo, S, is_async=True)
             S = warpgroup_mma_wait(num_outstanding=0, deps=(S,))
             mbarrier.arrive(empty.index(s), count=1)
         gl.store(_state_ptrs(out, sout_k, sout_v, col0, DK, BV, mma_o), S)
@@ -334,6 +372,7 @@ if gluon is not None:
         REVERSE: gl.constexpr,
         HAS_DECAY: gl.constexpr,
         SKIP_FINAL: gl.constexpr,  # the walk's last segment (the first of a reverse walk) stores zeros unread
+        SPLIT: gl.constexpr,  # the decayed values as two halves (the split precision)
     ):  # fmt: skip
         """The segment pre-pass (the Triton walk's STATE_ONLY mode) with two consumer warpgroups: one program per
         (pair of value tiles, head, segment) of a fixed-length batch cut into NS segments of SEG tokens."""
@@ -357,12 +396,17 @@ if gluon is not None:
         ready, empty = _stage_barriers(STAGES)
         vd_s0 = gl.allocate_shared_memory(gl.bfloat16, [BT, BV], v_layout)
         vd_s1 = gl.allocate_shared_memory(gl.bfloat16, [BT, BV], v_layout)
+        if SPLIT:
+            vd_lo0 = gl.allocate_shared_memory(gl.bfloat16, [BT, BV], v_layout)
+            vd_lo1 = gl.allocate_shared_memory(gl.bfloat16, [BT, BV], v_layout)
+        else:  # never written or read
+            vd_lo0, vd_lo1 = vd_s0, vd_s1
         gl.warp_specialize(
             [
-                (_state_consumer, (0, k_s, v_s, ready, empty, vd_s0, out, sst[2], sst[3], n_chunks, bos, eos, c,
-                                   scale_upd, i_vp, DK, BT, BV, STAGES, REVERSE)),
-                (_state_consumer, (1, k_s, v_s, ready, empty, vd_s1, out, sst[2], sst[3], n_chunks, bos, eos, c,
-                                   scale_upd, i_vp, DK, BT, BV, STAGES, REVERSE)),
+                (_state_consumer, (0, k_s, v_s, ready, empty, vd_s0, vd_lo0, out, sst[2], sst[3], n_chunks, bos, eos,
+                                   c, scale_upd, i_vp, DK, BT, BV, STAGES, REVERSE, SPLIT)),
+                (_state_consumer, (1, k_s, v_s, ready, empty, vd_s1, vd_lo1, out, sst[2], sst[3], n_chunks, bos, eos,
+                                   c, scale_upd, i_vp, DK, BT, BV, STAGES, REVERSE, SPLIT)),
                 # no q: k and its buffer stand in for it, unread (LOAD_Q off)
                 (_producer, (k_desc, k_desc, v_desc, k_s, k_s, v_s, ready, empty, n_chunks, bos, i_vp, BT, BV, STAGES,
                              REVERSE, False)),
