@@ -22,7 +22,7 @@ BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
 # recompute_smem_table.py is run by tests/ops/test_recompute_smem.py (it drops TRITON_INTERPRET at import)
 SCRIPTS = ("host_overhead.py", "chunk_profile.py", "chunk_sweep.py", "ncu_profile.py", "host_trace.py",
            "recompute_timing.py", "guard.py", "cold_start.py", "tune_table.py", "fp32_products.py",
-           "precision_model.py", "host_pair.py", "placement.py", "clocks.py")  # fmt: skip
+           "precision_model.py", "host_pair.py", "placement.py", "clocks.py", "settings_ab.py")  # fmt: skip
 
 
 @pytest.fixture
@@ -284,3 +284,20 @@ def test_child_runs_collect_each_process_last_json_line(scripts, tmp_path):
                       "print(json.dumps({'argv': sys.argv[1:], 'mark': os.environ.get('CHILD_MARK')}))\n")  # fmt: skip
     runs = child_runs(str(script), ["--shapes", "2x64"], 2, env={**os.environ, "CHILD_MARK": "x"})
     assert runs == [{"argv": ["--child", "--shapes", "2x64"], "mark": "x"}] * 2
+
+
+def test_settings_ab_reads_variants_and_divides_by_the_first(scripts):
+    from settings_ab import parse_variant, ratios
+    from timed_calls import settings_changes
+
+    assert parse_variant("default") == ("default", [])
+    name, items = parse_variant("split-triton-walk:precision=split+gluon=0")
+    assert name == "split-triton-walk" and settings_changes(items) == {"precision": "split", "gluon": False}
+    pinned = parse_variant("pin:kernel_config=BT=64,BV=32,num_warps=4,num_stages=3")[1]
+    assert settings_changes(pinned) == {"kernel_config": "BT=64,BV=32,num_warps=4,num_stages=3"}
+    with pytest.raises(ValueError, match="needs a name"):
+        parse_variant(":precision=split")
+    points = [{"shape": "8x8192", "fwd_graph_ms": 0.25, "fwdbwd_graph_ms": 1.0}]
+    other = [{"shape": "8x8192", "fwd_graph_ms": 0.5, "fwdbwd_graph_ms": None}]
+    rows = ratios([{"name": "default", "points": points}, {"name": "split", "points": other}])
+    assert rows == [{"variant": "split", "shape": "8x8192", "fwd_graph_ms": 2.0, "fwdbwd_graph_ms": None}]
