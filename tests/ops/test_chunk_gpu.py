@@ -90,8 +90,8 @@ def test_varlen_real_sizes_with_host_offsets():
 
 # every kind of launch sequence the dispatcher builds: the segmented path (pre-pass, scan, walks), the two-warpgroup
 # walk (bf16 K = 128 in segments, K = 256 whole), the fused dk/dv walk (K = 64's backward), fp16 and fp32 products,
-# packed sequences, the split precision, the recompute backward and a learned decay (its float32 backward and the
-# slope's gradient)
+# packed sequences, the split precision (through the Triton walk, and through the two-warpgroup walk in segments), the
+# recompute backward and a learned decay (its float32 backward and the slope's gradient)
 DETERMINISM = [
     pytest.param(1, 20000, 8, 128, torch.bfloat16, {"settings": {"gluon": False}}, id="bf16-K128-segmented"),
     pytest.param(2, 8192, 16, 128, torch.bfloat16, {}, id="bf16-K128-two-warpgroups-segmented"),
@@ -101,6 +101,8 @@ DETERMINISM = [
     pytest.param(2, 3000, 4, 64, torch.float32, {}, id="fp32-K64"),
     pytest.param(1, 30000, 4, 128, torch.bfloat16, {"cu": (0, 1, 15, 20000, 30000)}, id="bf16-varlen"),
     pytest.param(4, 4096, 8, 128, torch.bfloat16, {"settings": {"precision": "split"}}, id="bf16-split"),
+    pytest.param(2, 8192, 16, 128, torch.bfloat16, {"settings": {"precision": "split"}},
+                 id="bf16-split-two-warpgroups-segmented"),  # fmt: skip
     pytest.param(2, 4096, 8, 128, torch.bfloat16, {"backward": "recompute"}, id="bf16-recompute-backward"),
     pytest.param(2, 4096, 8, 64, torch.bfloat16, {"learned_decay": True}, id="bf16-learned-decay"),
 ]
