@@ -17,7 +17,16 @@ import json
 import sys
 
 import torch
-from timed_calls import child_runs, float64_reference, graph_ms, make_problem, parse_shape, profiled_kernels, write_json
+from timed_calls import (
+    child_runs,
+    float64_reference,
+    graph_ms,
+    make_problem,
+    parse_shape,
+    profiled_kernels,
+    settings_changes,
+    write_json,
+)
 
 from lightning_attention import lightning_attn, settings
 
@@ -84,10 +93,9 @@ def main() -> int:
     parser.add_argument("--out", default=None, help="write the JSON here")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one variant's measurement
     args = parser.parse_args()
-    from timed_calls import settings_changes
-
+    texts = args.variant or ["default"]
     try:
-        variants = [parse_variant(v) for v in args.variant or ["default"]]
+        variants = [parse_variant(v) for v in texts]
         changes = [settings_changes(items) for _, items in variants]
     except ValueError as error:
         parser.error(str(error))
@@ -98,7 +106,7 @@ def main() -> int:
             print(json.dumps(measure(args.shapes.split(","), args.check_shape)))
         return 0
     results = []
-    for (name, items), variant in zip(variants, args.variant or ["default"]):
+    for (name, items), variant in zip(variants, texts):
         argv = ["--shapes", args.shapes, "--check-shape", args.check_shape, "--variant", variant]
         (run,) = child_runs(__file__, argv, 1)
         results.append({"name": name, "settings": items, **run})

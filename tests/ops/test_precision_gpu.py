@@ -137,41 +137,28 @@ def test_split_precision_through_the_two_warpgroup_walk(T, segment_len, piece_le
     from lightning_attention.ops.lightning import launches, plan
     from lightning_attention.ops.lightning.device import device_info
     from lightning_attention.utils.testing import assert_close
+    from tests.ops.test_chunk_gpu import _fwd_bwd, _inputs, _reference
 
     if device_info(torch.device("cuda")).capability != 90 or not plan._walk_ws_available():
         pytest.skip("the two-warpgroup walk needs an sm_90 GPU and a Triton with Gluon")
     configure(backend="triton", precision="split", segment_len=segment_len, prepass_len=piece_len or None)
     B, H, K = 8, 16, 128  # 128 (head, sequence) pairs: more than half an H100's SMs, so the walk takes them
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(B, T, H, K, device="cuda", generator=g).bfloat16().requires_grad_() for _ in range(3))
-    h0 = torch.randn(B, H, K, K, device="cuda", generator=g).requires_grad_()
-    do = torch.randn(B, T, H, K, device="cuda", generator=g).bfloat16()
-    dht = torch.randn(B, H, K, K, device="cuda", generator=g)
+    inputs = _inputs(B, T, H, K, K, torch.bfloat16)
     slope = la.tnl_slopes(H, 0, 1).cuda()
-
-    def fwd_bwd():
-        o, ht = la.lightning_attn(q, k, v, slope, initial_state=h0, output_final_state=True)
-        loss = (o.double() * do.double()).sum() + (ht.double() * dht.double()).sum()
-        return (o, ht, *torch.autograd.grad(loss, (q, k, v, h0)))
-
     launches._WALK_WS.reset()
     launches._STATE_WS.reset()
-    got = fwd_bwd()
+    got = _fwd_bwd(*inputs, slope)
     assert launches._WALK_WS.entries, "the two-warpgroup walk did not run"
     assert bool(launches._STATE_WS.entries) == bool(segment_len), "the two-warpgroup pre-pass ran or did not"
-    x64 = [x.detach().double().requires_grad_() for x in (q, k, v, h0)]
-    o64, ht64 = naive.chunk_lightning_attn(*x64[:3], slope.double(), initial_state=x64[3], chunk_size=256)
-    loss64 = (o64 * do.double()).sum() + (ht64 * dht.double()).sum()
-    ref = (o64, ht64, *torch.autograd.grad(loss64, x64))
     names = ("o", "final_state", "dq", "dk", "dv", "dh0")
-    for name, a, b in zip(names, got, ref):
+    for name, a, b in zip(names, got, _reference(*inputs, slope)):
         if a.dtype == torch.bfloat16:
             ratio = error_over_rounding_floor(a, b, torch.bfloat16)
             assert ratio <= 1.1, f"{name}: {ratio:.3f}× the rounding floor"
         else:  # the fp32 states have no bf16 rounding to compare with
             assert_close(name, a, b, torch.bfloat16)
     configure(gluon=False)
-    triton_walk = fwd_bwd()
+    triton_walk = _fwd_bwd(*inputs, slope)
     for name, a, b in zip(names, got, triton_walk):
         diff = ((a.double() - b.double()).norm() / b.double().norm()).item()
         assert diff < 5e-3, (name, diff)
