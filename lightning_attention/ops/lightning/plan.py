@@ -319,10 +319,10 @@ def segment_len(problem: ChunkProblem, lengths_total: int, num_seqs: int, fixed_
     if fixed_length and walk_ws_shape(problem, DK, DV):
         # the two-warpgroup walk: one program per SM, two value tiles each (at K = 256 a batch-1 grid of 16 heads is
         # 64 programs: cut in two, not run on half the SMs)
-        slots, BV = device.sm_count, 2 * walk_ws.value_tile(DK, DV)
+        slots, programs = device.sm_count, walk_ws_programs(DK, DV, num_seqs * H)
     else:
         slots, BV = walk_slots(problem, DK, DV)
-    programs = num_seqs * H * cdiv(DV, BV)
+        programs = num_seqs * H * cdiv(DV, BV)
     if fills_every_sm_once(DK, DV, programs, device.sm_count):
         return 0
     # a segment's fp32 state (4·K·V bytes) must stay within 25% of its q tile (seg·K·elem bytes): seg >= 16·V/elem
@@ -463,15 +463,14 @@ def use_fused_dkdv(problem: ChunkProblem, DK: int, DV: int) -> bool:
     choice = problem.settings.fused_dkdv
     if choice is False or problem.settings.precision == "split":
         return False
-    elem_bytes, limit = problem.q.element_size(), problem.device.shared_per_block
-    state_bytes = state_operand_bytes(inter_precision(problem))
     if choice is None:
         tensors = (problem.q, problem.k, problem.v, problem.do)
         return (
             problem.dtype in (torch.bfloat16, torch.float16) and None not in tensors
             and dkdv_descriptors(problem, DK, DV, *tensors)
         )  # fmt: skip
-    return use_dkdv_walk(DK, DV, elem_bytes, state_bytes, limit)
+    state_bytes = state_operand_bytes(inter_precision(problem))
+    return use_dkdv_walk(DK, DV, problem.q.element_size(), state_bytes, problem.device.shared_per_block)
 
 
 def use_recompute_backward(mode: str, device: DeviceInfo) -> bool:

@@ -265,7 +265,7 @@ def chunk_forward(q, k, v, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, output_
 
 
 def chunk_forward_prepared(q, k, v, slope, h0, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, inter_chunk=0,
-                           prepare_backward=True):  # fmt: skip
+                           prepare_backward=False):  # fmt: skip
     """:func:`chunk_forward`'s outputs and, with ``prepare_backward``, the :class:`PreparedBackward` of the chunk
     backward expected to follow (None without it, or when there is no token)."""
     B, T, H, K = q.shape

@@ -36,10 +36,7 @@ transposed dot results (the state is carried already transposed where a kernel n
 import triton
 import triton.language as tl
 
-from lightning_attention.ops.lightning.kernels.walk import load_rows, tail_decay, weighted_rows
-
-# 1/ln 2: λ^n = exp(-slope·n) = exp2(-slope·RCP_LN2·n), and exp2 is the native instruction
-RCP_LN2 = tl.constexpr(1.4426950408889634)
+from lightning_attention.ops.lightning.kernels.walk import load_rows, log2_decay, tail_decay, weighted_rows
 
 
 @triton.jit
@@ -55,12 +52,6 @@ def _sequence_bounds(cu_seqlens, i_n, T, IS_VARLEN: tl.constexpr):
         bos = tl.full([], 0, tl.int64)
         eos = tl.cast(T, tl.int64)
     return i_b, bos, eos
-
-
-@triton.jit
-def _log2_decay(slope, i_h, ACC: tl.constexpr):
-    """-log2(λ) of head ``i_h`` in the accumulator dtype."""
-    return tl.load(slope + i_h).to(ACC) * RCP_LN2
 
 
 @triton.jit
@@ -146,7 +137,7 @@ def _sweep(
     if LOAD_X:
         b_x = tl.load(x_in + o_state, mask=m_state, other=0.0).to(ACC)
     if HAS_DECAY:
-        b_c = _log2_decay(slope, i_h, ACC)
+        b_c = log2_decay(slope, i_h, True, ACC)
         # λ^(i-j) on the pairs (the where keeps exp2 of positive powers out) and λ^(i+1) per token; reverse: with
         # scale, which the forward applies to the sum
         b_w = tl.where(pairs, tl.exp2(-b_c * tl.maximum(dist, 0).to(ACC)), 0.0)
