@@ -201,19 +201,26 @@ def build_scan(cc: int, varlen: int) -> dict:
 
 
 def build_ws(kind: str, cc: int, DK: int, DV: int, flags: dict) -> dict:
-    """A two-warpgroup kernel (Gluon, ``kernels/walk_ws.py``: ``kind`` "walk_ws" or "state_ws", the pre-pass) as
-    ``launches._two_warpgroup_walk`` / ``launches._two_warpgroup_prepass`` launch it, with ``flags`` over the forward's
-    defaults."""
+    """A two-warpgroup kernel (Gluon: ``kind`` "walk_ws" or "state_ws", the walk and pre-pass of
+    ``kernels/walk_ws.py``, or "dkdv_ws", the fused dk/dv walk of ``kernels/dkdv_ws.py``) as
+    ``launches._two_warpgroup_walk`` / ``_two_warpgroup_prepass`` / ``_two_warpgroup_dkdv`` launch it, with ``flags``
+    over the defaults (the forward's for the walk)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from lightning_attention.ops.lightning.kernels import walk_ws
+    from lightning_attention.ops.lightning.kernels import dkdv_ws, walk_ws
 
-    BV = walk_ws.value_tile(DK, DV)
-    constexprs = dict(DK=DK, DV=DV, BT=walk_ws.WS_BT, BV=BV, REVERSE=False, HAS_DECAY=True, SPLIT=False)
+    if kind == "dkdv_ws":
+        BV = dkdv_ws.DKDV_WS_BV
+        fn = dkdv_ws.lightning_dkdv_ws_kernel
+        constexprs = dict(DK=DK, DV=DV, BT=walk_ws.WS_BT, BV=BV, STAGES=dkdv_ws.DKDV_WS_STAGES, HAS_DECAY=True,
+                          USE_H0=True, STORE_HT=True, SEG_IN=False)  # fmt: skip
+    else:
+        BV = walk_ws.value_tile(DK, DV)
+        constexprs = dict(DK=DK, DV=DV, BT=walk_ws.WS_BT, BV=BV, REVERSE=False, HAS_DECAY=True, SPLIT=False)
     if kind == "walk_ws":
         fn = walk_ws.lightning_walk_ws_kernel
         constexprs.update(STAGES=walk_ws.WS_STAGES, USE_H0=True, STORE_HT=True, SEG_IN=False)
-    else:
+    elif kind == "state_ws":
         fn = walk_ws.lightning_state_ws_kernel
         constexprs.update(STAGES=walk_ws.WS_STATE_STAGES, SKIP_FINAL=False)
     constexprs.update(flags)
@@ -229,7 +236,7 @@ def build_ws(kind: str, cc: int, DK: int, DV: int, flags: dict) -> dict:
 def run_job(job: dict) -> list[dict]:
     if job.get("kernel") == "scan":
         return [build_scan(job["cc"], varlen) for varlen in (0, 2)]
-    if job.get("kernel") in ("walk_ws", "state_ws"):
+    if job.get("kernel") in ("walk_ws", "state_ws", "dkdv_ws"):
         return [build_ws(job["kernel"], job["cc"], job["DK"], job["DV"], job.get("flags", {}))]
     which = job.get("which", "all")
     flags = job.get("flags", {})

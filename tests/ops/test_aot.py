@@ -61,6 +61,12 @@ STATE_WS_BUILDS = [
     (128, 128, {}),
     (128, 128, {"SPLIT": True, "REVERSE": True, "SKIP_FINAL": True}),
 ]
+# the fused dk/dv walk at K = V = 128: from dht storing dh0, in segments, without decay
+DKDV_WS_BUILDS = [
+    (128, 128, {}),
+    (128, 128, {"SEG_IN": True, "USE_H0": False, "STORE_HT": False}),
+    (128, 128, {"HAS_DECAY": False}),
+]
 
 
 # the tuned tables shipped without a GPU run (the selector's first candidates): every entry is built for its target
@@ -138,6 +144,7 @@ def ci_builds():
     jobs += [{"kernel": "walk_ws", "cc": 90, "DK": dk, "DV": dv, "flags": flags} for dk, dv, flags in WALK_WS_BUILDS]
     jobs += [{"kernel": "state_ws", "cc": 90, "DK": dk, "DV": dv, "flags": flags}
              for dk, dv, flags in STATE_WS_BUILDS]  # fmt: skip
+    jobs += [{"kernel": "dkdv_ws", "cc": 90, "DK": dk, "DV": dv, "flags": flags} for dk, dv, flags in DKDV_WS_BUILDS]
     jobs += untimed_entry_jobs()
     return build(jobs)
 
@@ -159,11 +166,12 @@ def test_untimed_table_entries_compile(ci_builds, cc):
 
 
 def test_two_warpgroup_walk_compiles_for_sm90(ci_builds):
-    """Gluon has no interpreter: on CPU the two-warpgroup walk and pre-pass are only built, in the variants the
-    dispatcher launches, within the H100's shared memory, with two consumer warpgroups and the producer warp (12)."""
+    """Gluon has no interpreter: on CPU the two-warpgroup walk, pre-pass and fused dk/dv walk are only built, in the
+    variants the dispatcher launches, within the H100's shared memory, with two consumer warpgroups and the producer
+    warp (12)."""
     pytest.importorskip("triton.experimental.gluon")
-    builds = [r for r in ci_builds if r["kernel"] in ("walk_ws", "state_ws")]
-    assert len(builds) == len(WALK_WS_BUILDS) + len(STATE_WS_BUILDS)
+    builds = [r for r in ci_builds if r["kernel"] in ("walk_ws", "state_ws", "dkdv_ws")]
+    assert len(builds) == len(WALK_WS_BUILDS) + len(STATE_WS_BUILDS) + len(DKDV_WS_BUILDS)
     check(builds)
     assert all(r["num_warps"] == 12 for r in builds), builds
 

@@ -239,8 +239,9 @@ def test_every_chunk_launch_stays_on_the_direct_path(configure):
     ids=["ragged", "no-decay-scaled", "segments", "segments-in-pieces-ragged", "three-chunks"],
 )
 def test_two_warpgroup_walk_against_float64_and_the_triton_walk(T, decay, scale, segment_len, piece_len, K, configure):
-    """K = V = 128 and 256 through the two-warpgroup walk and pre-pass (kernels/walk_ws.py) in all four passes, with
-    an initial state and a final-state gradient, whole and in segments (the pre-pass on the segments, on pieces the
+    """K = V = 128 and 256 through the two-warpgroup walk and pre-pass (kernels/walk_ws.py) in all four passes (at
+    K = 128 dk and dv from the two-warpgroup fused walk, kernels/dkdv_ws.py), with an initial state and a final-state
+    gradient, whole and in segments (the pre-pass on the segments, on pieces the
     plan picks, or on given pieces): against float64, and against the Triton walk (the gluon setting off) within the
     rounding of the bf16 outputs."""
     from lightning_attention.ops.lightning import launches, plan
@@ -256,8 +257,10 @@ def test_two_warpgroup_walk_against_float64_and_the_triton_walk(T, decay, scale,
     inputs = _inputs(B, T, H, K, K, torch.bfloat16)
     launches._WALK_WS.reset()
     launches._STATE_WS.reset()
+    launches._DKDV_WS.reset()
     got = _fwd_bwd(*inputs, slope, scale=scale)
     assert launches._WALK_WS.entries, "the two-warpgroup walk did not run"
+    assert bool(launches._DKDV_WS.entries) == (K == 128), "the two-warpgroup dk/dv walk ran or did not"
     assert bool(launches._STATE_WS.entries) == bool(segment_len), "the two-warpgroup pre-pass ran or did not"
     _compare(got, _reference(*inputs, slope, scale=scale), torch.bfloat16)
     configure(gluon=False)

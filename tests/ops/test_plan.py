@@ -156,8 +156,9 @@ def test_auto_backward_picks_recompute_below_128kb_of_shared_memory():
 
 
 def test_fused_dkdv_walk_by_default_at_k64_with_descriptors():
-    """By default (``fused_dkdv`` None) dk and dv come from the fused walk where it was measured faster: 16-bit
-    inputs, K = V = 64, descriptors on an sm_90 GPU; larger heads, float32, the split precision, the inter-only mode,
+    """By default (``fused_dkdv`` None) dk and dv come from a fused walk where it was measured faster: 16-bit
+    inputs, K = V = 64, descriptors on an sm_90 GPU, and bf16 at K = V = 128 where the walks run the two-warpgroup
+    kernel; other heads, float32, the split precision, the inter-only mode,
     GPUs whose shared memory holds no descriptor configuration and pointer loads keep the two walks. The setting forces
     either way."""
     def fused(**kwargs):
@@ -165,7 +166,11 @@ def test_fused_dkdv_walk_by_default_at_k64_with_descriptors():
         return plan.use_fused_dkdv(p, p.q.shape[-1], p.v.shape[-1])
 
     assert fused() and fused(dtype=torch.float16) and fused(T=32768, B=2)
-    assert not fused(K=128, V=128) and not fused(K=64, V=128) and not fused(dtype=torch.float32)
+    assert not fused(K=64, V=128) and not fused(dtype=torch.float32)
+    # K = 128: the two-warpgroup fused walk where the walks run the two-warpgroup kernel (bf16), else the two walks
+    assert fused(K=128, V=128) is plan._walk_ws_available()
+    assert not fused(K=128, V=128, dtype=torch.float16) and not fused(K=128, V=128, gluon=False)
+    assert not fused(K=128, V=128, precision="split") and not fused(K=128, V=128, fused_dkdv=False)
     assert not fused(precision="split") and not fused(inter_chunk=128) and not fused(tma=False)
     for cc, expected in ((80, False), (90, True), (120, False)):  # descriptors from sm_90; sm_120's 99 KB hold none
         assert fused(device=DeviceInfo.of_capability(cc, sm_count=100)) is expected
@@ -222,15 +227,19 @@ def test_grid_a_plans_at_k128(B, T, segments, gluon):
 @pytest.mark.parametrize("K", [128, 256])
 def test_bf16_runs_the_two_warpgroup_walk_on_an_h100(K):
     """K = V = 128 or 256, bf16, sm_90: the walks and pre-passes of the forward and backward are the Gluon kernels
-    wherever the grid fills the GPU, at K = 128 under the split precision too; off sm_90, with the gluon setting off,
-    in fp16, with the split precision at K = 256, at K = 64 or with a grid under half the SMs, the Triton walk."""
+    wherever the grid fills the GPU (at K = 128 dk and dv from one of them, the fused walk), at K = 128 under the split
+    precision too; off sm_90, with the gluon setting off, in fp16, with the split precision at K = 256, at K = 64 or
+    with a grid under half the SMs, the Triton walk."""
     if walk_ws.lightning_walk_ws_kernel is None or not walk_ws.triton_version_supported():
         pytest.skip("this Triton has no Gluon the two-warpgroup walk was checked with")
     ws = "lightning_attn walk (two warpgroups)"
     p = problem(B=16, T=4096, K=K, V=K)
     assert set(kernels_of(run.forward_program(p))) == {ws}
     backward = kernels_of(run.backward_program(problem(B=16, T=4096, K=K, V=K, backward=True)))
-    assert backward.count(ws) == 3  # dq, dv, dk
+    if K == 128:  # dq, then dk and dv from the two-warpgroup fused walk
+        assert backward == [ws, "lightning_attn dk/dv walk (two warpgroups)"]
+    else:  # dq, dv, dk
+        assert backward == [ws] * 3
     split = kernels_of(run.forward_program(problem(B=16, T=4096, K=K, V=K, precision="split")))
     assert (ws in split) == (K in walk_ws.WS_SPLIT_KEY_DIMS) and walk_ws.WS_SPLIT_KEY_DIMS == (128,)
     for other in (dict(gluon=False), dict(device=DeviceInfo.of_capability(80, sm_count=108)),

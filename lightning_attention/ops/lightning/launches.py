@@ -11,7 +11,7 @@ import functools
 
 import torch
 
-from lightning_attention.ops.lightning.kernels import dkdv_walk, tuned, walk, walk_ws
+from lightning_attention.ops.lightning.kernels import dkdv_walk, dkdv_ws, tuned, walk, walk_ws
 from lightning_attention.ops.lightning.kernels.configs import (
     cdiv,
     dkdv_candidates,
@@ -38,6 +38,7 @@ from lightning_attention.ops.lightning.plan import (
     precisions,
     prepass_pieces,
     tma_ready,
+    use_dkdv_ws,
     use_walk_ws,
     walk_ws_programs,
     waves,
@@ -54,7 +55,8 @@ _LAUNCHERS = [_WALK, _SCAN, _DKDV]
 if walk_ws.lightning_walk_ws_kernel is not None:
     _WALK_WS = Launcher(walk_ws.lightning_walk_ws_kernel, "lightning_attn walk (two warpgroups)")
     _STATE_WS = Launcher(walk_ws.lightning_state_ws_kernel, "lightning_attn segment pre-pass (two warpgroups)")
-    _LAUNCHERS += [_WALK_WS, _STATE_WS]
+    _DKDV_WS = Launcher(dkdv_ws.lightning_dkdv_ws_kernel, "lightning_attn dk/dv walk (two warpgroups)")
+    _LAUNCHERS += [_WALK_WS, _STATE_WS, _DKDV_WS]
 
 
 @functools.lru_cache(maxsize=None)
@@ -122,6 +124,13 @@ def _strides(x: Ref | None) -> tuple:
     return (0, 0, 0, 0) if x is None else x.stride()
 
 
+def _descriptor_scratch(b: ProgramBuilder, p: ChunkProblem, use_tma: bool) -> None:
+    """Before a launch that makes tensor descriptors in the kernel (``use_tma``) on a GPU: Triton's allocator for
+    their global scratch (ops/lightning/tma.py)."""
+    if use_tma and p.device.is_cuda:
+        b.call(ensure_allocator)
+
+
 def walk_launch(
     b, p, q, k, v, o, *, slope, h0, ht, states, plan, T, H, scale_intra, scale_inter, scale_upd, reverse,
     state_only, inter_chunk=0, skip_final=False,
@@ -134,8 +143,7 @@ def walk_launch(
     (o_,) = pointers(q, o)
     # tensor descriptors need whole chunks: not the inter-only mode, whose chunks are shorter than its tile
     use_tma = not (inter_chunk and not state_only) and tma_ready(p.device, p.settings, q, k, v, o_)
-    if use_tma and p.device.is_cuda:
-        b.call(ensure_allocator)
+    _descriptor_scratch(b, p, use_tma)
     dot_prec, inter_prec, split = precisions(q.dtype, p.settings)
     if use_walk_ws(p, DK, DV, plan, inter_chunk, use_tma):
         if state_only:
@@ -232,15 +240,20 @@ def _two_warpgroup_prepass(b, k, v, states, *, slope, plan, T, H, scale_upd, rev
 
 
 def dkdv_launch(b, p, q, k, v, do, dk, dv, *, slope, dht, dh0, g_states, plan, T, H, scale, inter_chunk=0):
-    """One launch of the fused dk/dv reverse walk (kernels/dkdv_walk.py). q, k: [B, T, H, DK]; v, do: [B, T, H, DV];
-    dk, dv: outputs like k, v; dht/dh0: [N, H, DK, DV] or None; g_states: [NSEG, H, DK, DV] incoming G or None."""
+    """One launch of the fused dk/dv reverse walk: the two-warpgroup one (kernels/dkdv_ws.py) where
+    ``plan.use_dkdv_ws`` takes it, else the Triton one (kernels/dkdv_walk.py). q, k: [B, T, H, DK]; v, do:
+    [B, T, H, DV]; dk, dv: outputs like k, v; dht/dh0: [N, H, DK, DV] or None; g_states: [NSEG, H, DK, DV] incoming
+    G or None."""
     DK, DV = q.shape[-1], v.shape[-1]
+    if use_dkdv_ws(p, DK, DV, plan) and tma_ready(p.device, p.settings, q, k, v, do, dk, dv):
+        _descriptor_scratch(b, p, True)
+        _two_warpgroup_dkdv(b, q, k, v, do, dk, dv, slope=slope, dht=dht, dh0=dh0, g_states=g_states, plan=plan, T=T,
+                            H=H, scale=scale)  # fmt: skip
+        return
     dot_prec, inter_prec, _ = precisions(q.dtype, p.settings)  # never "split": use_fused_dkdv
     fixed_bt = inter_only_tile(inter_chunk) if inter_chunk else 0
-    state_bytes = state_operand_bytes(inter_prec)
     use_tma = dkdv_descriptors(p, DK, DV, q, k, v, do, dk, dv)
-    if use_tma and p.device.is_cuda:
-        b.call(ensure_allocator)
+    _descriptor_scratch(b, p, use_tma)
     cu = _cu_seqlens(b, p) if plan.varlen == 1 else None
     table = None if plan.seg_table is None else _segment_table(b, plan)
     args = (
@@ -263,10 +276,30 @@ def dkdv_launch(b, p, q, k, v, do, dk, dv, *, slope, dht, dh0, g_states, plan, T
         **({"BT": fixed_bt} if fixed_bt else {}),
     )  # fmt: skip
     candidates = dkdv_candidates(
-        DK, DV, q.element_size(), state_bytes, p.device.shared_per_block, fixed_bt, pin(p), use_tma
+        DK, DV, q.element_size(), state_operand_bytes(inter_prec), p.device.shared_per_block, fixed_bt, pin(p), use_tma
     )
     key = tuned.table_key("dkdv", _dtype_name(q), constexprs, dkdv_walk.autotune_key(candidates))
     _launch_tuned(b, p, "dkdv", _DKDV, candidates, H * plan.total, padded_dim(DV), args, constexprs, q, key)
+
+
+def _two_warpgroup_dkdv(b, q, k, v, do, dk, dv, *, slope, dht, dh0, g_states, plan, T, H, scale):
+    """One launch of the two-warpgroup fused dk/dv walk (the cases ``plan.use_dkdv_ws`` allows), with
+    :func:`dkdv_launch`'s arguments."""
+    DK, DV = q.shape[-1], v.shape[-1]
+    args = (
+        q, k, v, do, dk, dv, *pointers(q, slope, dht, dh0, g_states),
+        *token_strides(q, k, v, do, dk, dv), _strides(dht), _strides(dh0), _strides(g_states),
+        float(scale), T, H, plan.per_seq, plan.seg_len,
+    )  # fmt: skip
+    constexprs = dict(
+        DK=DK, DV=DV, BT=walk_ws.WS_BT, BV=dkdv_ws.DKDV_WS_BV, STAGES=dkdv_ws.DKDV_WS_STAGES,
+        HAS_DECAY=slope is not None,
+        USE_H0=dht is not None and not plan.segmented,
+        STORE_HT=dh0 is not None and not plan.segmented,
+        SEG_IN=plan.segmented,
+        num_warps=walk_ws.WS_WARPS,
+    )  # fmt: skip
+    b.launch(_DKDV_WS, (H * plan.total,), args, constexprs, q)
 
 
 def _scan_launch(b, states, pieces_states, pieces: PrepassPieces, *, slope, h0, ht, plan, N, H, T, reverse):

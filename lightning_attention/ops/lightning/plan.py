@@ -25,7 +25,7 @@ import torch
 import triton.language as tl
 
 from lightning_attention.ops.lightning.device import DeviceInfo
-from lightning_attention.ops.lightning.kernels import walk_ws
+from lightning_attention.ops.lightning.kernels import dkdv_ws, walk_ws
 from lightning_attention.ops.lightning.kernels.configs import (
     cdiv,
     dkdv_descriptor_space,
@@ -453,16 +453,31 @@ def dkdv_descriptors(problem: ChunkProblem, DK: int, DV: int, *tensors) -> bool:
     )  # fmt: skip
 
 
-def use_fused_dkdv(problem: ChunkProblem, DK: int, DV: int) -> bool:
-    """Whether dk and dv come from the fused walk (kernels/dkdv_walk.py) rather than two reverse walks. The
-    ``fused_dkdv`` setting forces it on or off; by default (None) it runs where it was measured faster: 16-bit inputs
-    at head dims of 64 (padded) with tensor descriptors, a configuration of :func:`.configs.dkdv_descriptor_space`
-    fitting the shared memory (docs/kernels.md, "The fused dk/dv walk"); larger heads and pointer loads keep the two
-    walks. Never under the split precision (the walks alone split their operands), and only where its tiles cover
-    the padded head dims (<= 128) and fit the shared memory."""
+def use_dkdv_ws(problem: ChunkProblem, DK: int, DV: int, plan: "SegmentPlan") -> bool:
+    """Whether the backward's dk and dv may come from the two-warpgroup fused walk (``kernels/dkdv_ws.py``): where
+    the walks of ``plan`` run the two-warpgroup kernel (:func:`use_walk_ws`, which also rules out packed sequences
+    and the inter-only mode) at K = V = 128 with the bf16 inter product, q, k, v and do taken by descriptors."""
+    tensors = (problem.q, problem.k, problem.v, problem.do)
+    if DK != DV or DK not in dkdv_ws.DKDV_WS_DIMS or dkdv_ws.lightning_dkdv_ws_kernel is None or None in tensors:
+        return False
+    use_tma = tma_ready(problem.device, problem.settings, *tensors)
+    return inter_precision(problem) == "input" and use_walk_ws(problem, DK, DV, plan, problem.inter_chunk, use_tma)
+
+
+def use_fused_dkdv(problem: ChunkProblem, DK: int, DV: int, plan: "SegmentPlan | None" = None) -> bool:
+    """Whether dk and dv come from one fused walk rather than two reverse walks: the two-warpgroup one
+    (:func:`use_dkdv_ws`, for the segments of ``plan``, by default the problem's own) or the Triton one
+    (kernels/dkdv_walk.py). The ``fused_dkdv`` setting forces it on or off; by default (None) it runs where it was
+    measured faster: the two-warpgroup walk wherever it applies, and the Triton walk for 16-bit inputs at head dims of
+    64 (padded) with tensor descriptors, a configuration of :func:`.configs.dkdv_descriptor_space` fitting the shared
+    memory (docs/kernels.md, "The fused dk/dv walk"); other heads and pointer loads keep the two walks. Never under
+    the split precision (the walks alone split their operands), and the Triton walk only where its tiles cover the
+    padded head dims (<= 128) and fit the shared memory."""
     choice = problem.settings.fused_dkdv
     if choice is False or problem.settings.precision == "split":
         return False
+    if use_dkdv_ws(problem, DK, DV, plan_segments(problem) if plan is None else plan):
+        return True
     if choice is None:
         tensors = (problem.q, problem.k, problem.v, problem.do)
         return (

@@ -119,7 +119,7 @@ def backward_program(p: ChunkProblem) -> Program:
             b, p, q, do, slope=slope, h0=dht, ht=dh0, plan=plan, N=N, H=H, T=T, scale_upd=scale, reverse=True
         )
         g_states_t = g_states.transposed()
-    if use_fused_dkdv(p, K, V):
+    if use_fused_dkdv(p, K, V, plan):
         dkdv_launch(
             b, p, q, k, v, do, dk, dv, slope=slope, dht=dht, dh0=dh0, g_states=g_states, plan=plan, T=T, H=H,
             scale=scale, inter_chunk=inter_chunk,
