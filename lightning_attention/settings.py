@@ -72,7 +72,8 @@ class Settings:
         segment_len: tokens per segment of the long-sequence path (0: never segment), or None: the plan's choice.
         prepass_len: tokens per pre-pass piece (a multiple of 16 dividing the segment; 0: the segments), or None.
         fused_dkdv: dk and dv from one fused reverse walk (True) or two walks (False); None: the plan's choice (the
-            fused walk at head dims of 64 with tensor descriptors, docs/kernels.md, "The fused dk/dv walk").
+            two-warpgroup walk at K = V = 128 in bf16 on sm_90, the Triton walk at head dims of 64 with tensor
+            descriptors; docs/kernels.md, "The fused dk/dv walk").
         bf16_inter: operand precision of the bf16 inter-chunk product with the fp32 state: ``"input"`` | ``"tf32"``.
         gluon: the two-warpgroup walk where it applies (K = 128 and 256, bf16, sm_90).
         tma: tensor descriptors where the inputs meet their alignment rules.

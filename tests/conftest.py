@@ -101,6 +101,20 @@ def release_gpu_memory():
 
 
 @pytest.fixture
+def fresh_dynamo():
+    """A clean Dynamo for a compile test. The NaN poisoning above puts a new ``torch.empty`` wrapper in place for every
+    test, while Dynamo reads its table of torch functions once per process (``functools.cache``): a compile test that
+    is not the first to compile would meet a wrapper, and inside it a builtin, that the stale table does not know."""
+    from torch._dynamo import trace_rules
+
+    torch._dynamo.reset()
+    trace_rules.get_torch_obj_rule_map.cache_clear()
+    yield
+    torch._dynamo.reset()
+    trace_rules.get_torch_obj_rule_map.cache_clear()
+
+
+@pytest.fixture
 def configure():
     """``configure(**changes)``: library settings (``lightning_attention.settings.override``) for the rest of the
     test, e.g. ``configure(backend="triton", segment_len=32)``."""

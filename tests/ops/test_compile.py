@@ -24,19 +24,6 @@ from lightning_attention.utils.testing import assert_close
 T, H, K, V = 40, 2, 16, 16
 
 
-@pytest.fixture
-def fresh_dynamo():
-    """A clean Dynamo for each case (the NaN-poisoning wrappers of conftest change between tests: Dynamo's table of
-    torch functions must be rebuilt)."""
-    from torch._dynamo import trace_rules
-
-    torch._dynamo.reset()
-    trace_rules.get_torch_obj_rule_map.cache_clear()
-    yield
-    torch._dynamo.reset()
-    trace_rules.get_torch_obj_rule_map.cache_clear()
-
-
 def _inputs(B=1, seed=0):
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(B, T, H, d, generator=g) for d in (K, K, V))

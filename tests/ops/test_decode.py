@@ -17,8 +17,7 @@ import torch
 
 import lightning_attention as la
 from lightning_attention import settings
-from lightning_attention.ops.lightning import naive
-from lightning_attention.ops.lightning import decode_triton
+from lightning_attention.ops.lightning import decode_triton, naive
 from lightning_attention.utils.testing import assert_close
 from tests.ops.test_naive import make_inputs, make_slope
 
@@ -298,19 +297,7 @@ def test_opcheck_decode_step_op():
         torch.library.opcheck(decode_triton.decode_step_op.op, args)
 
 
-@pytest.fixture
-def fresh_dynamo_rules():
-    """conftest's NaN poisoning puts a new ``torch.empty`` wrapper in place for every test, while Dynamo reads its
-    table of torch functions once per process (``functools.cache``): a compile test that is not the first to
-    compile would meet a wrapper, and inside it a builtin, that the stale table does not know. Rebuild it lazily."""
-    from torch._dynamo import trace_rules
-
-    trace_rules.get_torch_obj_rule_map.cache_clear()
-    yield
-    trace_rules.get_torch_obj_rule_map.cache_clear()
-
-
-def test_torch_compile_fullgraph_decode_loop(fresh_dynamo_rules):
+def test_torch_compile_fullgraph_decode_loop(fresh_dynamo):
     """torch.compile(fullgraph=True) traces the Triton step (functionalised in-place op); two compiled steps agree
     with float64. aot_eager: the graph capture is what is checked here (Inductor needs a C++ toolchain on CPU)."""
     H, K, V = 2, 16, 32
@@ -337,7 +324,7 @@ def test_torch_compile_fullgraph_decode_loop(fresh_dynamo_rules):
     assert_close("state", pool[[0, 1]], s_ref, torch.float32)
 
 
-def test_torch_compile_fullgraph_public_api(fresh_dynamo_rules):
+def test_torch_compile_fullgraph_public_api(fresh_dynamo):
     """The public function (validation, backend choice, launcher) traces without a graph break. On CPU tensors only
     without slope and state_indices: their value checks need host data (on CUDA they are skipped, see GPU suite)."""
     H, K, V = 2, 16, 48

@@ -11,12 +11,10 @@ import pytest
 import torch
 
 import lightning_attention as la
-from lightning_attention.ops.lightning import naive
-from lightning_attention.ops.lightning import decode_triton
+from lightning_attention.ops.lightning import decode_triton, naive
 from lightning_attention.ops.lightning.decode_validation import check_decode_inputs
 from lightning_attention.ops.lightning.launch import Launcher
 from lightning_attention.utils.testing import assert_close
-from tests.ops.test_decode import fresh_dynamo_rules  # noqa: F401, F811 (a fixture)
 from tests.ops.test_naive import make_slope
 
 pytestmark = pytest.mark.gpu
@@ -419,7 +417,7 @@ def test_direct_launch_runs_on_the_current_stream(launch_cache):
     assert_close("state", pool, s_ref, torch.float32)
 
 
-def test_torch_compile_fullgraph_inductor(fresh_dynamo_rules):
+def test_torch_compile_fullgraph_inductor(fresh_dynamo):
     """torch.compile(fullgraph=True) (Inductor) of a loop of public decode steps: no graph break, float64 agreement,
     and the pool is updated in place."""
     B, H, K, V, P = 4, 16, 64, 128, 6

@@ -245,7 +245,7 @@ def dkdv_launch(b, p, q, k, v, do, dk, dv, *, slope, dht, dh0, g_states, plan, T
     [B, T, H, DV]; dk, dv: outputs like k, v; dht/dh0: [N, H, DK, DV] or None; g_states: [NSEG, H, DK, DV] incoming
     G or None."""
     DK, DV = q.shape[-1], v.shape[-1]
-    if use_dkdv_ws(p, DK, DV, plan) and tma_ready(p.device, p.settings, q, k, v, do, dk, dv):
+    if use_dkdv_ws(p, DK, DV, plan):  # dk and dv are new contiguous tensors: descriptors always take them
         _descriptor_scratch(b, p, True)
         _two_warpgroup_dkdv(b, q, k, v, do, dk, dv, slope=slope, dht=dht, dh0=dh0, g_states=g_states, plan=plan, T=T,
                             H=H, scale=scale)  # fmt: skip

@@ -51,8 +51,10 @@ if gluon is not None:
 
     from lightning_attention.ops.lightning.kernels.walk_ws import (
         _chunk_start,
+        _incoming_state,
         _program,
         _rows_desc,
+        _slot,
         _stage_barriers,
         _state_ptrs,
     )
@@ -87,19 +89,31 @@ if gluon is not None:
                 tma.async_copy_global_to_shared(do_desc, [lo, h * BV], ready.index(s), do_s.index(2 * s + h))
 
     @gluon.jit
+    def _dk_part(vc, g_s, q, ds, inter, HALF: gl.constexpr, KH: gl.constexpr, BT: gl.constexpr,
+                 mma: gl.constexpr):  # fmt: skip
+        """This consumer's part of dk's key columns HALF·KH … [BT, KH]: Λ V_c G_c[those rows]ᵀ + (ds ⊙ D) Q[:, those
+        columns], the two products in flight together; ``inter`` [BT] is Λ's diagonal."""
+        a = warpgroup_mma(vc, g_s.slice(HALF * KH, KH, dim=0).permute((1, 0)), gl.zeros([BT, KH], gl.float32, mma),
+                          use_acc=False, is_async=True)  # fmt: skip
+        b = warpgroup_mma(ds, q.slice(HALF * KH, KH, dim=1), gl.zeros([BT, KH], gl.float32, mma), use_acc=False,
+                          is_async=True)  # fmt: skip
+        a, b = warpgroup_mma_wait(num_outstanding=0, deps=(a, b))
+        return a * inter[:, None] + b
+
+    @gluon.jit
     def _dkdv_consumer(CID: gl.constexpr, dk_desc, dv_desc, q_s, k_s, v_s, do_s, ready, empty, g_s, dod_s, out_s,
                        x_s, x_full, x_empty, g_in, sin_k, sin_v, dh0, sh0_k, sh0_v, n_chunks, bos, eos, last, c, scale,
                        DK: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, STAGES: gl.constexpr,
                        HAS_IN: gl.constexpr, STORE_HT: gl.constexpr):  # fmt: skip
         """Walks G_c (value columns CID·BV …) from the incoming G at ``g_in`` (zeros without HAS_IN), storing each
         chunk's dv_c and key columns CID·DK/2 … of dk, and with STORE_HT dh0 = λ^d0 G_0 at ``dh0``."""
+        # a consumer's half of the key columns is as wide as its value half, so dk's tiles take dv's layouts
         KH: gl.constexpr = DK // 2
+        gl.static_assert(KH == BV)
         OTHER: gl.constexpr = 1 - CID
         mma_a: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
         mma_v: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BV, 16])
-        mma_k: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, KH, 16])
         a_op_v: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_v, k_width=2)
-        a_op_k: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_k, k_width=2)
         v_blk: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
         col0 = CID * BV
 
@@ -110,7 +124,6 @@ if gluon is not None:
         dist = tj[None, :] - ti[:, None]
         decay = gl.where(dist >= 0, gl.exp2(-c * gl.maximum(dist, 0).to(gl.float32)) * scale, 0.0)
         to = gl.arange(0, BT, layout=gl.SliceLayout(1, mma_v))
-        tk = gl.arange(0, BT, layout=gl.SliceLayout(1, mma_k))
         tv = gl.arange(0, BT, layout=gl.SliceLayout(1, v_blk))
 
         if HAS_IN:
@@ -149,28 +162,17 @@ if gluon is not None:
             ds_acc = warpgroup_mma(vc, doc.permute((1, 0)), gl.zeros([BT, BT], gl.float32, mma_a), use_acc=False,
                                    is_async=True)  # fmt: skip
             ds_acc = warpgroup_mma_wait(num_outstanding=0, deps=(ds_acc,))
-            ds = gl.convert_layout(gl.where(decay != 0.0, ds_acc * decay, 0.0).to(gl.bfloat16), a_op_k)
+            ds = gl.convert_layout(gl.where(decay != 0.0, ds_acc * decay, 0.0).to(gl.bfloat16), a_op_v)
             # dk's partial for the other consumer's key columns, Λ V_c G_c[cols]ᵀ + (ds ⊙ D) Q[:, cols], handed over
-            inter_k = gl.where(tk < L, gl.exp2(-c * (gl.maximum(L - 1 - tk, 0) + d0).to(gl.float32)), 0.0)
-            x = warpgroup_mma(vc, g_s.slice(OTHER * KH, KH, dim=0).permute((1, 0)),
-                              gl.zeros([BT, KH], gl.float32, mma_k), use_acc=False, is_async=True)  # fmt: skip
-            xb = warpgroup_mma(ds, q.slice(OTHER * KH, KH, dim=1), gl.zeros([BT, KH], gl.float32, mma_k),
-                               use_acc=False, is_async=True)  # fmt: skip
-            x, xb = warpgroup_mma_wait(num_outstanding=0, deps=(x, xb))
-            x = x * inter_k[:, None] + xb
+            x = _dk_part(vc, g_s, q, ds, inter, OTHER, KH, BT, mma_v)
             mbarrier.wait(x_empty.index(OTHER), (i & 1) ^ 1)  # the other consumer has read the previous chunk's
             x_s.index(OTHER).store(x)
             _sync_warpgroup()  # every thread's part is in shared memory before the one arrival
             mbarrier.arrive(x_full.index(OTHER), count=1)
             # this consumer's key columns
-            y = warpgroup_mma(vc, g_s.slice(CID * KH, KH, dim=0).permute((1, 0)),
-                              gl.zeros([BT, KH], gl.float32, mma_k), use_acc=False, is_async=True)  # fmt: skip
-            yb = warpgroup_mma(ds, q.slice(CID * KH, KH, dim=1), gl.zeros([BT, KH], gl.float32, mma_k),
-                               use_acc=False, is_async=True)  # fmt: skip
-            y, yb = warpgroup_mma_wait(num_outstanding=0, deps=(y, yb))
-            y = y * inter_k[:, None] + yb
+            y = _dk_part(vc, g_s, q, ds, inter, CID, KH, BT, mma_v)
             mbarrier.wait(x_full.index(CID), i & 1)
-            y = y + x_s.index(CID).load(mma_k)
+            y = y + x_s.index(CID).load(mma_v)
             _sync_warpgroup()  # every thread has read the exchange tile before it is released
             mbarrier.arrive(x_empty.index(CID), count=1)
             tma.store_wait(pendings=0)  # dv has left out_s
@@ -228,13 +230,8 @@ if gluon is not None:
         do_desc = _rows_desc(do, sdo, n64, h64, eos, DV, BT, BV)
         dk_desc = _rows_desc(dk, sdk, n64, h64, eos, DK, BT, DK // 2)
         dv_desc = _rows_desc(dv, sdv, n64, h64, eos, DV, BT, BV)
-        if SEG_IN:
-            g_in = states + i_s.to(gl.int64) * sst[0] + h64 * sst[1]
-            sin_k, sin_v = sst[2], sst[3]
-        else:
-            g_in = dht + n64 * sht[0] + h64 * sht[1]
-            sin_k, sin_v = sht[2], sht[3]
-        g_out = dh0 + n64 * sh0[0] + h64 * sh0[1]
+        g_in, sin_k, sin_v = _incoming_state(states, sst, i_s, dht, sht, n64, h64, SEG_IN)
+        g_out = _slot(dh0, sh0, n64, h64)
 
         q_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, DK], qk_layout)
         k_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, DK], qk_layout)

@@ -146,6 +146,21 @@ if gluon is not None:
         return ready, empty
 
     @gluon.jit
+    def _slot(base, s, i64, h64):
+        """The [DK, DV] state of slot ``i64`` (a sequence or a segment) and head ``h64`` of ``base`` [slots, H, DK, DV]
+        with strides ``s`` (slot, head, row, column)."""
+        return base + i64 * s[0] + h64 * s[1]
+
+    @gluon.jit
+    def _incoming_state(states, sst, i_s, h0, sh0, n64, h64, SEG_IN: gl.constexpr):
+        """This program's incoming state and its (row, column) strides: its segment's slot of ``states`` with SEG_IN,
+        else its sequence's slot of ``h0``."""
+        if SEG_IN:
+            return _slot(states, sst, i_s.to(gl.int64), h64), sst[2], sst[3]
+        else:
+            return _slot(h0, sh0, n64, h64), sh0[2], sh0[3]
+
+    @gluon.jit
     def _state_ptrs(base, s_k, s_v, col0, DK: gl.constexpr, BV: gl.constexpr, layout: gl.constexpr):
         """Pointers to this consumer's [DK, BV] block (columns col0 …) of a state with strides (s_k, s_v), in
         ``layout``."""
@@ -285,13 +300,8 @@ if gluon is not None:
         k_desc = _rows_desc(k, sk, n64, h64, eos, DK, BT, DK)
         v_desc = _rows_desc(v, sv, n64, h64, eos, DV, BT, BV)
         o_desc = _rows_desc(o, so, n64, h64, eos, DV, BT, BV)
-        if SEG_IN:
-            s_in = states + i_s.to(gl.int64) * sst[0] + h64 * sst[1]
-            sin_k, sin_v = sst[2], sst[3]
-        else:
-            s_in = h0 + n64 * sh0[0] + h64 * sh0[1]
-            sin_k, sin_v = sh0[2], sh0[3]
-        s_out = ht + n64 * sht[0] + h64 * sht[1]
+        s_in, sin_k, sin_v = _incoming_state(states, sst, i_s, h0, sh0, n64, h64, SEG_IN)
+        s_out = _slot(ht, sht, n64, h64)
 
         q_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, DK], qk_layout)
         k_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, DK], qk_layout)
@@ -389,7 +399,7 @@ if gluon is not None:
         v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], gl.bfloat16)
         k_desc = _rows_desc(k, sk, n64, h64, eos, DK, BT, DK)
         v_desc = _rows_desc(v, sv, n64, h64, eos, DV, BT, BV)
-        out = states + i_s.to(gl.int64) * sst[0] + h64 * sst[1]
+        out = _slot(states, sst, i_s.to(gl.int64), h64)
 
         k_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, DK], k_layout)
         v_s = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, BT, BV], v_layout)
