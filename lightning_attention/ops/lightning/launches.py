@@ -358,7 +358,7 @@ def segmented_states(b, p, k, v, *, slope, h0, ht, plan, N, H, T, scale_upd, rev
     may run on pieces of the segments (``plan.prepass_pieces``)."""
     states = b.alloc((plan.total, H, k.shape[-1], v.shape[-1]), compute_dtype(k.dtype))
     skip_final = ht is None
-    pieces = prepass_pieces(p, plan, skip_final, reverse)
+    pieces = prepass_pieces(p, plan, skip_final, reverse, (k, v))
     local = _prepass_launch(
         b, p, k, v, states, pieces, slope=slope, plan=plan, N=N, H=H, T=T, scale_upd=scale_upd, reverse=reverse,
         skip_final=skip_final,

@@ -8,7 +8,7 @@ settings. From it the functions here decide, without tensors or a GPU:
 - the segment plan (:func:`plan_segments`): whether long sequences are cut into segments so that enough programs
   fill the GPU, and how long the segments are (:func:`best_segment_len`, a time model over the walk's occupancy);
 - the pre-pass pieces (:func:`prepass_pieces`): whether the segment pre-pass runs on shorter pieces
-  (:func:`prepass_split`);
+  (:func:`prepass_split`, :func:`prepass_split_in_rounds`);
 - the kernel variants: tensor descriptors (:func:`tma_ready`), the two-warpgroup walk (:func:`use_walk_ws`), the
   fused dk/dv walk (:func:`use_fused_dkdv`), the walk configurations (``kernels/configs.walk_candidates``) and the
   operand precisions (:func:`precisions`).
@@ -407,13 +407,31 @@ def prepass_split(seg_len: int, programs: int, slots: int, min_piece: int) -> in
     return best
 
 
-def prepass_pieces(problem: ChunkProblem, plan: SegmentPlan, skip_final: bool, reverse: bool) -> PrepassPieces:
-    """The pre-pass's pieces of a segmented plan (:func:`prepass_split`, or the ``prepass_len`` setting; varlen
-    plans: the walk's segments).
+@functools.lru_cache(maxsize=4096)
+def prepass_split_in_rounds(seg_len: int, programs: int, slots: int, min_piece: int) -> int:
+    """Pieces per walk segment for a pre-pass that runs one program per SM (the two-warpgroup one; 1 = the walk's own
+    segments): the count whose programs walk the fewest tokens in rounds of ``slots``, rounds(programs · n) · seg_len
+    / n, the fewest pieces among equals (each piece writes a state and lengthens the scan). Pieces are at least
+    ``min_piece`` tokens, a multiple of 64 dividing ``seg_len`` (docs/kernels.md, "Pre-pass pieces and the scan")."""
+    best, best_tokens = 1, cdiv(programs, slots) * seg_len
+    for split in range(2, seg_len // max(min_piece, 64) + 1):
+        if (seg_len // 64) % split:
+            continue
+        tokens = cdiv(programs * split, slots) * (seg_len // split)
+        if tokens < best_tokens:
+            best, best_tokens = split, tokens
+    return best
+
+
+def prepass_pieces(problem: ChunkProblem, plan: SegmentPlan, skip_final: bool, reverse: bool,
+                   tensors: tuple | None = None) -> PrepassPieces:  # fmt: skip
+    """The pre-pass's pieces of a segmented plan (:func:`prepass_split_in_rounds` where the two-warpgroup pre-pass
+    runs on ``tensors``, the pair it reads, by default the call's k and v; else :func:`prepass_split`; or the
+    ``prepass_len`` setting; varlen plans: the walk's segments).
 
     ``skip_final``: the walk's last segment in walk order (the first one of a reverse walk) is left out: its local
     state only feeds the final state."""
-    _, T, H, _, DV = problem.shape
+    _, T, H, DK, DV = problem.shape
     split = 1
     if plan.varlen == 0:
         forced = problem.settings.prepass_len
@@ -428,8 +446,13 @@ def prepass_pieces(problem: ChunkProblem, plan: SegmentPlan, skip_final: bool, r
             walked = plan.total - (plan.total // plan.per_seq if skip_final else 0)
             # the pieces' states within 12.5% of one input: 4·V / (piece·elem) <= 1/8
             min_piece = max(256, 32 * DV // problem.q.element_size())
-            slots = PREPASS_PROGRAMS_PER_SM * problem.device.sm_count
-            split = prepass_split(plan.seg_len, walked * H, slots, min_piece)
+            tensors = (problem.k, problem.v) if tensors is None else tensors
+            if walk_ws_shape(problem, DK, DV) and tma_ready(problem.device, problem.settings, *tensors):
+                programs = walk_ws_programs(DK, DV, walked * H)
+                split = prepass_split_in_rounds(plan.seg_len, programs, problem.device.sm_count, min_piece)
+            else:
+                slots = PREPASS_PROGRAMS_PER_SM * problem.device.sm_count
+                split = prepass_split(plan.seg_len, walked * H, slots, min_piece)
     if split == 1:
         return PrepassPieces(1, plan.seg_len, 0, T, plan.per_seq, 0)
     piece = plan.seg_len // split

@@ -223,7 +223,10 @@ if gluon is not None:
         qk_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, DK], gl.bfloat16)
         v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], gl.bfloat16)
         g_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([DK, BV], gl.bfloat16)
-        x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, DK // 2], gl.float32)
+        # the exchange tile is written and read in the accumulator's layout, never by an mma: rows swizzled in 32-byte
+        # units so that the four rows a half-warp stores or loads fall on distinct banks (docs/kernels.md, "Two
+        # warpgroups at K = 128")
+        x_layout: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 4, [1, 0])
         q_desc = _rows_desc(q, sq, n64, h64, eos, DK, BT, DK)
         k_desc = _rows_desc(k, sk, n64, h64, eos, DK, BT, DK)
         v_desc = _rows_desc(v, sv, n64, h64, eos, DV, BT, BV)
