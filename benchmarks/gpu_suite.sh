@@ -37,7 +37,8 @@
 #             (compile-ahead off: the A/B of compiling a call's kernels at once)  $COLD_START_S or 420
 # cold_start_segmented  the segmented class (grid (b): bf16, K = 128, batch 1 x 32K), forward and
 #             fwd+bwd, kernels compiled at once and one by one                               2 x 120
-# ncu         Nsight Compute over one call per shape ($NCU_SHAPES), then its text pages      420 + 440
+# ncu         Nsight Compute over one call per shape ($NCU_SHAPES), then its text pages and   420 + 500
+#             where each kernel's warps wait and its shared memory conflicts (ncu_sass_summary.py)
 # guard       this package against the one in .old/, alternating, 3 runs each ($GUARD_REPS,
 #             $GUARD_OLD_COMMIT / $GUARD_NEW_COMMIT label the packages in guard.md)           560
 # host_pair   host time per plain fwd+bwd of the package in .old/ against this one, their loops
@@ -147,6 +148,7 @@ for stage in ${stages//,/ }; do
              run ncu_details 120 "$ncu_bin" --import /tmp/ncu_walk.ncu-rep --page details --print-units base
              run ncu_raw 120 "$ncu_bin" --import /tmp/ncu_walk.ncu-rep --page raw --csv
              run ncu_sass 200 "$ncu_bin" --import /tmp/ncu_walk.ncu-rep --page source --print-source sass --csv
+             run ncu_sass_summary 60 python3 benchmarks/ncu_sass_summary.py "$res/ncu_sass.log" --top 12
              gzip -c /tmp/ncu_walk.ncu-rep >"$out/ncu_walk.ncu-rep.gz" ;;
         # the budget leaves the call's setup and packing their time; a process it cannot fit is not started and the
         # report says INCOMPLETE

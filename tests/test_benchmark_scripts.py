@@ -22,7 +22,8 @@ BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
 # recompute_smem_table.py is run by tests/ops/test_recompute_smem.py (it drops TRITON_INTERPRET at import)
 SCRIPTS = ("host_overhead.py", "chunk_profile.py", "chunk_sweep.py", "ncu_profile.py", "host_trace.py",
            "recompute_timing.py", "guard.py", "cold_start.py", "tune_table.py", "fp32_products.py",
-           "precision_model.py", "host_pair.py", "placement.py", "clocks.py", "settings_ab.py")  # fmt: skip
+           "precision_model.py", "host_pair.py", "placement.py", "clocks.py", "settings_ab.py",
+           "ncu_sass_summary.py")  # fmt: skip
 
 
 @pytest.fixture
@@ -301,3 +302,43 @@ def test_settings_ab_reads_variants_and_divides_by_the_first(scripts):
     other = [{"shape": "8x8192", "fwd_graph_ms": 0.5, "fwdbwd_graph_ms": None}]
     rows = ratios([{"name": "default", "points": points}, {"name": "split", "points": other}])
     assert rows == [{"variant": "split", "shape": "8x8192", "fwd_graph_ms": 2.0, "fwdbwd_graph_ms": None}]
+
+
+def test_ncu_sass_summary_reads_each_launch_of_a_sass_page(scripts, tmp_path, capsys, monkeypatch):
+    """Nsight Compute's SASS page (two launches of one kernel, one of another): each launch of the chosen kernel on its
+    own, its stall samples by reason and its instructions with the most samples and the most excess shared
+    wavefronts; a non-number counter ("-") counts as 0."""
+    import ncu_sass_summary
+
+    header = ('"Address","Source","Warp Stall Sampling (All Samples)","L1 Wavefronts Shared Excessive",'
+              '"L1 Wavefronts Shared","L1 Wavefronts Shared Ideal","stall_barrier","stall_long_sb",'
+              '"stall_barrier (Not Issued)"')  # fmt: skip
+
+    def launch(name, rows):
+        return f'"Kernel Name","{name}",\n{header}\n' + "\n".join(rows) + "\n"
+
+    page = (
+        launch("walk_kernel", ['"0x10","  NOP","30","0","0","0","30","0","30"',
+                               '"0x20","  STS.64 [R7+0x20000], R24","10","4","8","4","2","8","1"',
+                               '"0x30","  LDS.128 R28, [R0]","0","-","4","4","0","0","0"'])
+        + launch("other_kernel", ['"0x10","  NOP","5","0","0","0","5","0","5"'])
+        + launch("walk_kernel", ['"0x10","  NOP","1","0","0","0","1","0","1"'])
+    )  # fmt: skip
+    launches = ncu_sass_summary.read_launches(page)
+    assert [name for name, _ in launches] == ["walk_kernel", "other_kernel", "walk_kernel"]
+    s = ncu_sass_summary.summarise(launches[0][1], top=2)
+    assert s["samples"] == 40 and s["reasons"] == {"barrier": 32, "long_sb": 8}
+    assert [w["source"] for w in s["waits"]] == ["NOP", "STS.64 [R7+0x20000], R24"]
+    assert s["waits"][1]["reason"] == "long_sb"
+    assert (s["excess_wavefronts"], s["wavefronts"]) == (4, 12)
+    assert [(c["excess"], c["wavefronts"], c["ideal"]) for c in s["conflicts"]] == [(4, 8, 4)]
+
+    path = tmp_path / "sass.csv"
+    path.write_text(page)
+    monkeypatch.setattr(sys, "argv", ["ncu_sass_summary.py", str(path), "--kernel", "walk", "--json",
+                                      str(tmp_path / "s.json")])  # fmt: skip
+    assert ncu_sass_summary.main() == 0
+    out = capsys.readouterr().out
+    assert "== walk_kernel #1: 40 stall samples" in out and "== walk_kernel #2: 1 stall samples" in out
+    assert "other_kernel" not in out
+    assert [x["launch"] for x in json.loads((tmp_path / "s.json").read_text())] == [1, 2]
