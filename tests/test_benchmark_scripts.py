@@ -287,21 +287,43 @@ def test_child_runs_collect_each_process_last_json_line(scripts, tmp_path):
     assert runs == [{"argv": ["--child", "--shapes", "2x64"], "mark": "x"}] * 2
 
 
-def test_settings_ab_reads_variants_and_divides_by_the_first(scripts):
-    from settings_ab import parse_variant, ratios
+def test_settings_ab_reads_variants_and_divides_by_the_first(scripts, tmp_path):
+    """Variants of settings and of code (``@TREE``: another package first on the variant's PYTHONPATH), their order
+    over alternating rounds, and every variant's times over the first variant's of the same round."""
+    from settings_ab import parse_variant, ratios, rounds_order, tree_env
     from timed_calls import settings_changes
 
-    assert parse_variant("default") == ("default", [])
-    name, items = parse_variant("split-triton-walk:precision=split+gluon=0")
+    assert parse_variant("default") == ("default", [], None)
+    name, items, tree = parse_variant("split-triton-walk:precision=split+gluon=0")
     assert name == "split-triton-walk" and settings_changes(items) == {"precision": "split", "gluon": False}
     pinned = parse_variant("pin:kernel_config=BT=64,BV=32,num_warps=4,num_stages=3")[1]
     assert settings_changes(pinned) == {"kernel_config": "BT=64,BV=32,num_warps=4,num_stages=3"}
+    assert parse_variant("before:segment_len=0@/tmp/before") == ("before", ["segment_len=0"], "/tmp/before")
     with pytest.raises(ValueError, match="needs a name"):
         parse_variant(":precision=split")
-    points = [{"shape": "8x8192", "fwd_graph_ms": 0.25, "fwdbwd_graph_ms": 1.0}]
-    other = [{"shape": "8x8192", "fwd_graph_ms": 0.5, "fwdbwd_graph_ms": None}]
-    rows = ratios([{"name": "default", "points": points}, {"name": "split", "points": other}])
-    assert rows == [{"variant": "split", "shape": "8x8192", "fwd_graph_ms": 2.0, "fwdbwd_graph_ms": None}]
+    with pytest.raises(ValueError, match="a folder after @"):
+        parse_variant("before@")
+
+    assert tree_env(None) is None
+    with pytest.raises(ValueError, match="no lightning_attention package"):
+        tree_env(str(tmp_path))
+    (tmp_path / "lightning_attention").mkdir()
+    (tmp_path / "lightning_attention" / "__init__.py").write_text("")
+    assert tree_env(str(tmp_path))["PYTHONPATH"].split(os.pathsep)[0] == str(tmp_path)
+
+    assert rounds_order(3, 1) == [(1, 0), (1, 1), (1, 2)]
+    assert rounds_order(2, 3) == [(1, 0), (1, 1), (2, 1), (2, 0), (3, 0), (3, 1)]
+
+    def run(name, round_, fwd, fwdbwd):
+        return {"name": name, "round": round_, "points": [{"shape": "8x8192", "fwd_graph_ms": fwd,
+                                                            "fwdbwd_graph_ms": fwdbwd}]}  # fmt: skip
+
+    rows = ratios([run("default", 1, 0.25, 1.0), run("split", 1, 0.5, None), run("split", 2, 0.6, 1.2),
+                   run("default", 2, 0.3, 1.0)])  # fmt: skip
+    assert rows == [
+        {"variant": "split", "round": 1, "shape": "8x8192", "fwd_graph_ms": 2.0, "fwdbwd_graph_ms": None},
+        {"variant": "split", "round": 2, "shape": "8x8192", "fwd_graph_ms": 0.6 / 0.3, "fwdbwd_graph_ms": 1.2},
+    ]
 
 
 def test_ncu_sass_summary_reads_each_launch_of_a_sass_page(scripts, tmp_path, capsys, monkeypatch):
