@@ -55,7 +55,7 @@ if gluon is not None:
         _program,
         _rows_desc,
         _slot,
-        _stage_barriers,
+        _stages,
         _state_ptrs,
     )
 
@@ -220,7 +220,6 @@ if gluon is not None:
         n64 = i_n.to(gl.int64)
         h64 = i_h.to(gl.int64)
 
-        qk_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, DK], gl.bfloat16)
         v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], gl.bfloat16)
         g_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([DK, BV], gl.bfloat16)
         # the exchange tile is written and read in the accumulator's layout, never by an mma: rows swizzled in 32-byte
@@ -236,11 +235,8 @@ if gluon is not None:
         g_in, sin_k, sin_v = _incoming_state(states, sst, i_s, dht, sht, n64, h64, SEG_IN)
         g_out = _slot(dh0, sh0, n64, h64)
 
-        q_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, DK], qk_layout)
-        k_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, DK], qk_layout)
-        v_s = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, BT, BV], v_layout)
-        do_s = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, BT, BV], v_layout)
-        ready, empty = _stage_barriers(STAGES)
+        q_s, k_s, v_s, ready, empty = _stages(BT, DK, BV, STAGES, True)
+        do_s = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, BT, BV], v_layout)  # the stages' do tiles
         g_s0 = gl.allocate_shared_memory(gl.bfloat16, [DK, BV], g_layout)
         g_s1 = gl.allocate_shared_memory(gl.bfloat16, [DK, BV], g_layout)
         dod_s0 = gl.allocate_shared_memory(gl.bfloat16, [BT, BV], v_layout)

@@ -146,6 +146,24 @@ if gluon is not None:
         return ready, empty
 
     @gluon.jit
+    def _stages(BT: gl.constexpr, DK: gl.constexpr, BV: gl.constexpr, STAGES: gl.constexpr, LOAD_Q: gl.constexpr):
+        """The ring the producer fills and both consumers read, the same in the walk, the pre-pass and the fused dk/dv
+        walk: q and k [STAGES, BT, DK] (one chunk's rows per stage, read by both consumers; without LOAD_Q, the
+        pre-pass, there is no q buffer and k's stands in for it), v [2·STAGES, BT, BV] (a stage's two value tiles at
+        2·s and 2·s + 1, one per consumer) and per stage the "full" and "empty" barriers of :func:`_stage_barriers`,
+        which also guard the fused dk/dv walk's do ring."""
+        qk_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, DK], gl.bfloat16)
+        v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], gl.bfloat16)
+        if LOAD_Q:
+            q_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, DK], qk_layout)
+        k_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, DK], qk_layout)
+        if not LOAD_Q:
+            q_s = k_s
+        v_s = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, BT, BV], v_layout)
+        ready, empty = _stage_barriers(STAGES)
+        return q_s, k_s, v_s, ready, empty
+
+    @gluon.jit
     def _slot(base, s, i64, h64):
         """The [DK, DV] state of slot ``i64`` (a sequence or a segment) and head ``h64`` of ``base`` [slots, H, DK, DV]
         with strides ``s`` (slot, head, row, column)."""
@@ -293,7 +311,6 @@ if gluon is not None:
         n64 = i_n.to(gl.int64)
         h64 = i_h.to(gl.int64)
 
-        qk_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, DK], gl.bfloat16)
         v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], gl.bfloat16)
         s_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([DK, BV], gl.bfloat16)
         q_desc = _rows_desc(q, sq, n64, h64, eos, DK, BT, DK)
@@ -303,10 +320,7 @@ if gluon is not None:
         s_in, sin_k, sin_v = _incoming_state(states, sst, i_s, h0, sh0, n64, h64, SEG_IN)
         s_out = _slot(ht, sht, n64, h64)
 
-        q_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, DK], qk_layout)
-        k_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, DK], qk_layout)
-        v_s = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, BT, BV], v_layout)
-        ready, empty = _stage_barriers(STAGES)
+        q_s, k_s, v_s, ready, empty = _stages(BT, DK, BV, STAGES, True)
         s_s0 = gl.allocate_shared_memory(gl.bfloat16, [DK, BV], s_layout)
         s_s1 = gl.allocate_shared_memory(gl.bfloat16, [DK, BV], s_layout)
         vd_s0 = gl.allocate_shared_memory(gl.bfloat16, [BT, BV], v_layout)
@@ -395,15 +409,12 @@ if gluon is not None:
                 n_chunks = gl.where(j == 0, 0, n_chunks)
             else:
                 n_chunks = gl.where(j == NS - 1, 0, n_chunks)
-        k_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, DK], gl.bfloat16)
         v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], gl.bfloat16)
         k_desc = _rows_desc(k, sk, n64, h64, eos, DK, BT, DK)
         v_desc = _rows_desc(v, sv, n64, h64, eos, DV, BT, BV)
         out = _slot(states, sst, i_s.to(gl.int64), h64)
 
-        k_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, DK], k_layout)
-        v_s = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, BT, BV], v_layout)
-        ready, empty = _stage_barriers(STAGES)
+        _, k_s, v_s, ready, empty = _stages(BT, DK, BV, STAGES, False)
         vd_s0 = gl.allocate_shared_memory(gl.bfloat16, [BT, BV], v_layout)
         vd_s1 = gl.allocate_shared_memory(gl.bfloat16, [BT, BV], v_layout)
         if SPLIT:
