@@ -30,19 +30,18 @@ from lightning_attention.ops.lightning.library import pointers, token_strides
 from lightning_attention.ops.lightning.naive import compute_dtype
 from lightning_attention.ops.lightning.plan import (
     ChunkProblem,
-    PrepassPieces,
     SegmentPlan,
     acc_dtype,
     dkdv_descriptors,
     pin,
     precisions,
-    prepass_pieces,
     tma_ready,
     use_dkdv_ws,
     use_walk_ws,
     walk_ws_programs,
     waves,
 )
+from lightning_attention.ops.lightning.prepass_plan import PrepassPieces, prepass_pieces
 from lightning_attention.ops.lightning.program import ProgramBuilder, Ref
 from lightning_attention.ops.lightning.tma import ensure_allocator
 
@@ -355,7 +354,7 @@ def segmented_states(b, p, k, v, *, slope, h0, ht, plan, N, H, T, scale_upd, rev
 
     Without ``ht`` the pre-pass skips each sequence's last segment in walk order (its local state only feeds the
     final state): at 2 segments per sequence that halves the pre-pass's reads. On fixed-length batches the pre-pass
-    may run on pieces of the segments (``plan.prepass_pieces``)."""
+    may run on pieces of the segments (``prepass_plan.prepass_pieces``)."""
     states = b.alloc((plan.total, H, k.shape[-1], v.shape[-1]), compute_dtype(k.dtype))
     skip_final = ht is None
     pieces = prepass_pieces(p, plan, skip_final, reverse, (k, v))
