@@ -39,20 +39,21 @@ def test_prepass_split_rule(seg_len, programs, expected):
 @pytest.mark.parametrize(
     "seg_len, programs, expected",
     [
-        (8192, 64, 2),  # 1 round of 4,096 beats 1 of 8,192; 4 pieces would take 2 rounds of 2,048: as long
-        (8192, 96, 4),  # 3 rounds of 2,048 beat 2 of 4,096 and 1 of 8,192
-        (8192, 112, 1),  # 1 of 8,192, 2 of 4,096 and 4 of 2,048 tie: the fewest pieces
-        (16384, 112, 8),  # 7 rounds of 2,048 (14K tokens) beat 16K
-        (32768, 64, 2),  # K = 256: 2 pieces of 16,384 in one round; 4 of 8,192 take two rounds: as long
+        (8192, 64, 2),  # 64 programs fill under 70% of 132 SMs: two pieces each
+        (8192, 96, 1),  # 96 fill 73%: whole segments
+        (8192, 112, 1),
+        (16384, 112, 1),
+        (32768, 64, 2),  # K = 256: 64 programs -> 128 in pieces of 16,384
+        (8192, 16, 4),  # never 70%: the most pieces the bound allows (2,048 tokens)
         (2048, 16, 1),  # nothing shorter than the bound
         (3008, 16, 1),  # 47 chunks of 64: no divisor within the bound
     ],
 )
-def test_prepass_split_in_rounds(seg_len, programs, expected):
-    """Pieces for the two-warpgroup pre-pass on a 132-SM GPU (one program per SM): the count whose rounds walk the
-    fewest tokens, the fewest pieces among equals, pieces of at least 2,048 tokens."""
+def test_prepass_split_by_fill(seg_len, programs, expected):
+    """Pieces for the two-warpgroup pre-pass on a 132-SM GPU (one program per SM): the fewest whose programs fill 70%
+    of the SMs, pieces of at least 2,048 tokens (4,096 at K = 256)."""
     min_piece = 2048 if seg_len < 32768 else 4096
-    split = prepass_plan.prepass_split_in_rounds(seg_len, programs, slots=132, min_piece=min_piece)
+    split = prepass_plan.prepass_split_by_fill(seg_len, programs, slots=132, min_piece=min_piece)
     assert split == expected
     assert (seg_len // 64) % split == 0
 
@@ -65,10 +66,10 @@ def test_prepass_split_in_rounds(seg_len, programs, expected):
         (dict(B=1, T=65536, K=64, V=64, final_state=True), 4096, 1),  # 256: every segment walked
         (dict(B=1, T=65536, gluon=False), 16384, 8),  # K = 128, Triton walk: 48 programs -> 8 pieces of 2,048
         (dict(B=1, T=131072, gluon=False), 32768, 16),  # grid (b) at 128K
-        (dict(B=1, T=65536), 8192, 1),  # K = 128, two-warpgroup pre-pass: 112 programs, one round whole
-        (dict(B=4, T=16384), 8192, 2),  # 64 programs: 128 pieces of 4,096 in one round
-        (dict(B=2, T=32768), 8192, 4),  # 96 programs: 384 pieces of 2,048 in three rounds
-        (dict(B=1, T=131072), 16384, 8),  # 112 programs: 896 pieces of 2,048 in seven rounds
+        (dict(B=1, T=65536), 8192, 1),  # K = 128, two-warpgroup pre-pass: 112 programs, whole segments
+        (dict(B=4, T=16384), 8192, 2),  # 64 programs: 128 pieces of 4,096
+        (dict(B=2, T=32768), 8192, 1),  # 96 programs fill 73% of the SMs: whole segments
+        (dict(B=1, T=131072), 16384, 1),  # 112 programs
         (dict(B=2, T=32768, K=64, V=64, dtype=torch.float32), 8192, 8),  # float32 K = 64: 96 programs
         (dict(B=1, T=65536, K=256, V=256), 32768, 2),  # K = 256: 64 programs (four per head) -> 128 in one round
     ],
@@ -76,8 +77,8 @@ def test_prepass_split_in_rounds(seg_len, programs, expected):
 def test_prepass_pieces_of_the_benchmark_grids(kwargs, seg_len, split):
     """The pre-pass of the segmented calls of grids (a) and (b) on an H100: the 16-bit K = 64 calls keep their 4K
     segments whole (they fill half the pre-pass slots), the Triton pre-pass with fewer programs is cut into pieces,
-    and the two-warpgroup pre-pass (bf16 K = 128 and 256, one program per SM) into the pieces that walk the fewest
-    tokens in rounds of one program per SM."""
+    and the two-warpgroup pre-pass (bf16 K = 128 and 256, one program per SM) into the fewest pieces whose programs
+    fill 70% of the SMs."""
     p = problem(**kwargs)
     segments = plan.plan_segments(p)
     pieces = prepass_plan.prepass_pieces(p, segments, skip_final=not p.final_state, reverse=False)

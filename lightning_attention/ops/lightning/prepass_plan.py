@@ -5,7 +5,7 @@ scan computes every segment's incoming state. With few, long segments it has few
 latency, so on fixed-length batches each segment may be cut into pieces whose states the scan composes. From a
 :class:`~lightning_attention.ops.lightning.plan.ChunkProblem` and its
 :class:`~lightning_attention.ops.lightning.plan.SegmentPlan`, :func:`prepass_pieces` decides the pieces, without
-tensors or a GPU: :func:`prepass_split` for the Triton pre-pass, :func:`prepass_split_in_rounds` for the
+tensors or a GPU: :func:`prepass_split` for the Triton pre-pass, :func:`prepass_split_by_fill` for the
 two-warpgroup one (one program per SM), or the ``prepass_len`` setting.
 :mod:`~lightning_attention.ops.lightning.launches` lays out the pre-pass and the scan over them. Why the rules are
 what they are, with the measurements behind them: docs/kernels.md, "Pre-pass pieces and the scan".
@@ -26,6 +26,9 @@ from lightning_attention.ops.lightning.plan import (
 # pre-pass programs resident per SM (its tuned configurations: one 8-warp program with BV = 128, or two or three
 # 4-warp programs with BV = 64)
 PREPASS_PROGRAMS_PER_SM = 2
+# the share of the SMs the two-warpgroup pre-pass (one program per SM) fills before it is bound by DRAM: measured, 64
+# of 132 programs read at 2.3 TB/s, 96 at 3.4, 112 and 128 at 3.6-3.9 (docs/kernels.md, "Pre-pass pieces and the scan")
+PREPASS_FILL = 0.7
 
 
 @dataclass(frozen=True)
@@ -67,24 +70,25 @@ def prepass_split(seg_len: int, programs: int, slots: int, min_piece: int) -> in
 
 
 @functools.lru_cache(maxsize=4096)
-def prepass_split_in_rounds(seg_len: int, programs: int, slots: int, min_piece: int) -> int:
+def prepass_split_by_fill(seg_len: int, programs: int, slots: int, min_piece: int) -> int:
     """Pieces per walk segment for a pre-pass that runs one program per SM (the two-warpgroup one; 1 = the walk's own
-    segments): the count whose programs walk the fewest tokens in rounds of ``slots``, rounds(programs · n) · seg_len
-    / n, the fewest pieces among equals (each piece writes a state and lengthens the scan). Pieces are at least
-    ``min_piece`` tokens, a multiple of 64 dividing ``seg_len`` (docs/kernels.md, "Pre-pass pieces and the scan")."""
-    best, best_tokens = 1, cdiv(programs, slots) * seg_len
-    for split in range(2, seg_len // max(min_piece, 64) + 1):
+    segments): the fewest whose programs fill :data:`PREPASS_FILL` of the ``slots`` in their first round, or the most
+    there are. Past that share of streaming SMs the pre-pass is bound by DRAM, and each piece adds a state to write
+    and to scan. Pieces are at least ``min_piece`` tokens, a multiple of 64 dividing ``seg_len`` (docs/kernels.md,
+    "Pre-pass pieces and the scan")."""
+    best = 1
+    for split in range(1, seg_len // max(min_piece, 64) + 1):
         if (seg_len // 64) % split:
             continue
-        tokens = cdiv(programs * split, slots) * (seg_len // split)
-        if tokens < best_tokens:
-            best, best_tokens = split, tokens
+        best = split
+        if programs * split >= PREPASS_FILL * slots:
+            break
     return best
 
 
 def prepass_pieces(problem: ChunkProblem, plan: SegmentPlan, skip_final: bool, reverse: bool,
                    tensors: tuple | None = None) -> PrepassPieces:  # fmt: skip
-    """The pre-pass's pieces of a segmented plan (:func:`prepass_split_in_rounds` where the two-warpgroup pre-pass
+    """The pre-pass's pieces of a segmented plan (:func:`prepass_split_by_fill` where the two-warpgroup pre-pass
     runs on ``tensors``, the pair it reads, by default the call's k and v; else :func:`prepass_split`; or the
     ``prepass_len`` setting; varlen plans: the walk's segments).
 
@@ -108,7 +112,7 @@ def prepass_pieces(problem: ChunkProblem, plan: SegmentPlan, skip_final: bool, r
             tensors = (problem.k, problem.v) if tensors is None else tensors
             if walk_ws_shape(problem, DK, DV) and tma_ready(problem.device, problem.settings, *tensors):
                 programs = walk_ws_programs(DK, DV, walked * H)
-                split = prepass_split_in_rounds(plan.seg_len, programs, problem.device.sm_count, min_piece)
+                split = prepass_split_by_fill(plan.seg_len, programs, problem.device.sm_count, min_piece)
             else:
                 slots = PREPASS_PROGRAMS_PER_SM * problem.device.sm_count
                 split = prepass_split(plan.seg_len, walked * H, slots, min_piece)
