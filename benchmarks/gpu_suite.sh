@@ -13,6 +13,10 @@
 # kernels_b   grid (b) with CUDA-graph replays, ours alone; then T = 128K against FLA       150 + 150
 # head_dims   grid (a) at K = V = 64 and 256 against FLA (FLA tunes both from an empty      560
 #             cache in about 250 s)
+# settled     grid (a) at K = V = 128 against FLA and at 256 ours alone, also as CUDA-graph   360 + 150
+#             replays, each measurement after $SETTLE_S (default 1.5) s of the same call back to
+#             back: the clock sustained work holds under the power cap, the state in which two
+#             machines are compared (python -m lightning_attention.bench.agreement)
 # varlen      65,536 tokens as 12 packed sequences of 1 to 16,384 tokens, K = V = 128, FLA   420
 # decode      the decode step against FLA, per batch, and its memory over 1M tokens           150
 # model       TNL against LLaMA: training tokens/s per context, 400-step loss curves          240
@@ -107,6 +111,10 @@ for stage in ${stages//,/ }; do
                    run kernels_b_fla 150 $bench kernels --grid b --seqlens 131072 --ours chunk --baselines fla \
                        --out "$res/kernels_b_fla" ;;
         varlen) run varlen 420 $bench kernels --grid varlen --ours chunk --baselines fla --out "$res/varlen" ;;
+        settled) run settled_k128 360 $bench kernels --grid a --ours chunk --baselines fla --cuda-graphs \
+                     --settle-s "${SETTLE_S:-1.5}" --out "$res/settled_k128"
+                 run settled_k256 150 $bench kernels --grid a --head-dims 256 --ours chunk --baselines none \
+                     --cuda-graphs --settle-s "${SETTLE_S:-1.5}" --out "$res/settled_k256" ;;
         head_dims) run head_dims 560 $bench kernels --grid a --head-dims 64,256 --ours chunk --baselines fla \
                        --out "$res/head_dims" ;;
         decode) run decode 150 $bench decode --out "$res/decode" ;;

@@ -371,6 +371,44 @@ def test_cpu_timer_is_torch_utils_benchmark(monkeypatch):
     assert 0 < result.p20_ms <= result.median_ms <= result.p80_ms and x.grad is None
 
 
+def test_settle_runs_the_call_back_to_back_before_a_cuda_measurement(monkeypatch):
+    """``--settle-s``: on CUDA each measurement follows that many seconds of the same call (gradients cleared as in
+    the measurement, the queue drained every few calls); nothing on CPU or at 0 s. The CUDA path runs here with the
+    device's synchronisation stubbed (no GPU)."""
+    from lightning_attention.bench import timing
+
+    synced = []
+    monkeypatch.setattr(timing, "synchronize", lambda device: synced.append(device.type))
+    x = torch.randn(4, requires_grad=True)
+    calls = []
+
+    def fn():
+        calls.append(x.grad)
+        x.grad = torch.ones_like(x)
+
+    timing.settle(fn, torch.device("cuda"), 0.05, grad_to_none=[x])
+    assert len(calls) >= timing._SETTLE_BATCH and len(calls) % timing._SETTLE_BATCH == 0
+    assert all(g is None for g in calls)  # each call found its gradient cleared
+    assert len(synced) == 1 + len(calls) // timing._SETTLE_BATCH
+    calls.clear()
+    timing.settle(fn, torch.device("cuda"), 0.0)
+    timing.settle(fn, torch.device("cpu"), 1.0)
+    assert calls == []
+
+    # the kernels benchmark passes it to every timed measurement
+    seen = []
+
+    def spy(fn, device, **kw):
+        seen.append(kw["settle_s"])
+        return timing.Timing(1.0, 1.0, 1.0)
+
+    monkeypatch.setattr(kernels, "bench", spy)
+    shape = Shape(1, 8, 1, 16, 16, torch.float32)
+    r = kernels.measure_case(_fake_provider(_prepare_scaled), shape, "g", torch.device("cpu"), 1e9, cold=False,
+                             warmup_ms=0, rep_ms=0, seed=0, settle_s=2.5)  # fmt: skip
+    assert r["status"] == "ok" and seen == [2.5, 2.5]
+
+
 def test_varlen_point_packs_sequences(tmp_path, capsys):
     """``--grid varlen``: one call of packed sequences of mixed lengths; providers that take no offsets skip it."""
     lines, summary = _run_cli(["bench", "kernels", *FAST, "--grid", "varlen", "--out", str(tmp_path)], capsys)

@@ -162,6 +162,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                 help="also time each fwd+bwd as a CUDA-graph replay (device time without host time; grid (b)'s "
                 "flatness may use it)",
             )
+            p.add_argument(
+                "--settle-s",
+                type=float,
+                default=0.0,
+                help="run each timed call back to back this many seconds before its measurement, so that it times "
+                "the clock that sustained work settles at under the GPU's power cap (default 0: a burst)",
+            )
         elif name == "decode":
             p.add_argument("--batches", type=_int_list, default=None, help="default 1,8,64,256")
             p.add_argument("--memory-tokens", type=_int_list, default=None, help="default 1024,1048576")

@@ -6,7 +6,8 @@ provider (:mod:`.providers`), provider-major so a failing provider fails alone:
 
 1. cold start: wall time of the first fwd+bwd call of a new shape class (compile + autotune), for ours and FLA;
 2. two warm-up calls, then fwd and fwd+bwd medians (``triton.testing.do_bench`` on CUDA), each with the GPU's SM
-   clock over its measurement and the share of it under the power cap (:mod:`.clocks`);
+   clock over its measurement and the share of it under the power cap (:mod:`.clocks`); with ``--settle-s`` each
+   measurement comes after that many seconds of the same call back to back, so it times the sustained state;
 3. peak memory of one fwd+bwd and the workspace (:func:`metrics.workspace_bytes`), on CUDA;
 4. tokens/s, TFLOP/s, the HBM floor from the copy bandwidth measured at the start of the run, and the ratio to it.
 
@@ -63,10 +64,12 @@ def measure_case(
     seed: int,
     cuda_graphs: bool = False,
     sampler: clocks.Sampler | None = None,
+    settle_s: float = 0.0,
 ) -> dict:
     """Every number of one (provider, shape) point; never raises for a provider failure (status says what happened).
     ``cuda_graphs``: also the fwd+bwd as a CUDA-graph replay (:func:`_graph_replay`). ``sampler``: the clock of each
-    timed measurement, as ``<timer>_sm_mhz`` (the window's mean) and ``<timer>_capped_share``."""
+    timed measurement, as ``<timer>_sm_mhz`` (the window's mean) and ``<timer>_capped_share``. ``settle_s``: each
+    timed measurement after that many seconds of the same call back to back (:func:`.timing.settle`)."""
     record = {"grid": grid, "provider": provider.name, "family": provider.family, **shape.to_json()}
     record["tokens"] = shape.tokens
     if provider.max_seqlen is not None and shape.seqlen > provider.max_seqlen:
@@ -94,7 +97,8 @@ def measure_case(
         for _ in range(2 if device.type == "cuda" else 0):  # finish any autotuning before the clock runs
             _clear(prepared.leaves)
             prepared.forward_backward()
-        timer = {"warmup_ms": warmup_ms, "rep_ms": rep_ms, "grad_to_none": prepared.leaves, "sampler": sampler}
+        timer = {"warmup_ms": warmup_ms, "rep_ms": rep_ms, "sampler": sampler, "settle_s": settle_s}
+        timer["grad_to_none"] = prepared.leaves
         fwd = bench(prepared.run_forward, device, **timer)
         fwdbwd = bench(prepared.forward_backward, device, **timer)
         record.update(
@@ -127,7 +131,7 @@ def measure_case(
                 workspace_ratio=workspace / metrics.input_bytes(shape),
             )
         if cuda_graphs and device.type == "cuda":
-            record.update(_graph_replay(prepared, shape, device, warmup_ms, rep_ms, sampler))
+            record.update(_graph_replay(prepared, shape, device, warmup_ms, rep_ms, sampler, settle_s))
             if "fwdbwd_graph_ms" in record:
                 record["floor_ratio_fwdbwd_graph"] = record["fwdbwd_graph_ms"] / record["floor_fwdbwd_ms"]
     except Exception as exc:  # noqa: BLE001 - one provider failing must not stop the run
@@ -147,7 +151,7 @@ def clock_fields(timer: str, timing) -> dict:
 
 
 def _graph_replay(prepared, shape: Shape, device: torch.device, warmup_ms: float, rep_ms: float,
-                  sampler: clocks.Sampler | None = None) -> dict:  # fmt: skip
+                  sampler: clocks.Sampler | None = None, settle_s: float = 0.0) -> dict:  # fmt: skip
     """The fwd+bwd captured once in a CUDA graph and timed as replays: the device's time without the host's (launches,
     autograd), which the grid (b) target lets take out at batch 1. A provider that cannot be captured gets the reason
     instead of a time (its plain timing stands)."""
@@ -160,7 +164,7 @@ def _graph_replay(prepared, shape: Shape, device: torch.device, warmup_ms: float
         replay = graphed(fresh_gradients, device)
     except Exception as exc:  # noqa: BLE001 - a capture failure is a finding about the provider, not a crash
         return {"fwdbwd_graph_error": f"{type(exc).__name__}: {exc}"[:300]}
-    timing = bench(replay, device, warmup_ms=warmup_ms, rep_ms=rep_ms, sampler=sampler)
+    timing = bench(replay, device, warmup_ms=warmup_ms, rep_ms=rep_ms, sampler=sampler, settle_s=settle_s)
     return {
         "fwdbwd_graph_ms": timing.median_ms,
         "fwdbwd_graph_p20_ms": timing.p20_ms,
@@ -373,6 +377,7 @@ def run(args, device: torch.device, writer: ResultWriter, out: pathlib.Path) -> 
                             seed=args.seed,
                             cuda_graphs=getattr(args, "cuda_graphs", False),
                             sampler=sampler,
+                            settle_s=getattr(args, "settle_s", 0.0),
                         )
                         writer.add("results", record)
                         if record["status"] not in ("ok", "skipped"):

@@ -49,9 +49,11 @@ def bench(
     rep_ms: float,
     grad_to_none: list[torch.Tensor] | None = None,
     sampler: clocks.Sampler | None = None,
+    settle_s: float = 0.0,
 ) -> Timing:
     """Median time of ``fn()`` with the 20/80 percentiles (gradients of ``grad_to_none`` cleared before each run),
-    and the GPU's clock over the measurement where a ``sampler`` (:func:`.clocks.start`) polls it.
+    and the GPU's clock over the measurement where a ``sampler`` (:func:`.clocks.start`) polls it. ``settle_s``: on
+    CUDA, first :func:`settle` for that many seconds, so that the measurement times the sustained state.
 
     CUDA: ``triton.testing.do_bench`` (flushes L2 between runs). CPU: ``torch.utils.benchmark.Timer``'s
     ``blocked_autorange`` over ``rep_ms`` with this process's thread count (its percentiles are over blocks of runs)
@@ -60,6 +62,7 @@ def bench(
     if device.type == "cuda":
         import triton.testing
 
+        settle(fn, device, settle_s, grad_to_none)
         t0 = time.monotonic()
         q50, q20, q80 = triton.testing.do_bench(
             fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=grad_to_none, quantiles=[0.5, 0.2, 0.8]
@@ -79,6 +82,30 @@ def bench(
         return Timing(times[0], times[0], times[0])
     q = statistics.quantiles(times, n=10, method="inclusive")  # deciles: q[1] = p20, q[7] = p80
     return Timing(statistics.median(times), q[1], q[7])
+
+
+_SETTLE_BATCH = 8  # calls between two looks at the wall time in :func:`settle`
+
+
+def settle(
+    fn: Callable[[], object], device: torch.device, seconds: float, grad_to_none: list[torch.Tensor] | None = None
+) -> None:
+    """Calls ``fn()`` back to back for ``seconds`` of wall time (nothing where ``seconds`` <= 0 or on CPU).
+
+    A call that brings the GPU to its power cap slows over its first few hundred back-to-back runs as the SM clock
+    drops, and a short measurement lands anywhere in that drift (docs/kernels.md, "The power cap"); after this, it
+    finds the clock where sustained work, a training loop's, holds it. The queue is drained every few calls, so the
+    host never runs more than a few calls ahead of the time it reads.
+    """
+    if seconds <= 0 or device.type != "cuda":
+        return
+    synchronize(device)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for _ in range(_SETTLE_BATCH):
+            _clear_grads(grad_to_none)
+            fn()
+        synchronize(device)
 
 
 def graphed(fn: Callable[[], object], device: torch.device) -> Callable[[], None]:

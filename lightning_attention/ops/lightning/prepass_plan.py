@@ -26,8 +26,9 @@ from lightning_attention.ops.lightning.plan import (
 # pre-pass programs resident per SM (its tuned configurations: one 8-warp program with BV = 128, or two or three
 # 4-warp programs with BV = 64)
 PREPASS_PROGRAMS_PER_SM = 2
-# the share of the SMs the two-warpgroup pre-pass (one program per SM) fills before it is bound by DRAM: measured, 64
-# of 132 programs read at 2.3 TB/s, 96 at 3.4, 112 and 128 at 3.6-3.9 (docs/kernels.md, "Pre-pass pieces and the scan")
+# the share of the SMs the two-warpgroup pre-pass (one program per SM) fills before it is bound by DRAM: whole segments
+# read at 2.3 TB/s with 64 of 132 programs, 3.4 with 96 and 3.7 with 112 (docs/kernels.md, "Pre-pass pieces and the
+# scan")
 PREPASS_FILL = 0.7
 
 
@@ -45,6 +46,19 @@ class PrepassPieces:
     first: int
 
 
+def _fewest_pieces(seg_len: int, programs: int, target: float, min_piece: int) -> int:
+    """The fewest pieces per segment whose ``programs`` × pieces reach ``target``, else the most there are: pieces of at
+    least ``min_piece`` tokens, a multiple of 64 dividing ``seg_len`` (1 = the segments themselves)."""
+    best = 1
+    for split in range(1, seg_len // max(min_piece, 64) + 1):
+        if (seg_len // 64) % split:
+            continue
+        best = split
+        if programs * split >= target:
+            break
+    return best
+
+
 @functools.lru_cache(maxsize=4096)
 def prepass_split(seg_len: int, programs: int, slots: int, min_piece: int) -> int:
     """Pieces per walk segment for the pre-pass (1 = the walk's own segments).
@@ -56,17 +70,9 @@ def prepass_split(seg_len: int, programs: int, slots: int, min_piece: int) -> in
     Segments whose ``programs`` already fill half the slots stay whole: there the pieces' extra scan and state
     traffic cost more than the latency they hide (docs/kernels.md, "Pre-pass pieces and the scan").
     """
-    best = 1
     if 2 * programs >= slots:
-        return best
-    want = cdiv(2 * slots, max(programs, 1))
-    for split in range(2, seg_len // max(min_piece, 64) + 1):
-        if (seg_len // 64) % split:
-            continue
-        best = split
-        if split >= want:
-            break
-    return best
+        return 1
+    return _fewest_pieces(seg_len, max(programs, 1), 2 * slots, min_piece)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -76,14 +82,7 @@ def prepass_split_by_fill(seg_len: int, programs: int, slots: int, min_piece: in
     there are. Past that share of streaming SMs the pre-pass is bound by DRAM, and each piece adds a state to write
     and to scan. Pieces are at least ``min_piece`` tokens, a multiple of 64 dividing ``seg_len`` (docs/kernels.md,
     "Pre-pass pieces and the scan")."""
-    best = 1
-    for split in range(1, seg_len // max(min_piece, 64) + 1):
-        if (seg_len // 64) % split:
-            continue
-        best = split
-        if programs * split >= PREPASS_FILL * slots:
-            break
-    return best
+    return _fewest_pieces(seg_len, programs, PREPASS_FILL * slots, min_piece)
 
 
 def prepass_pieces(problem: ChunkProblem, plan: SegmentPlan, skip_final: bool, reverse: bool,

@@ -52,6 +52,8 @@ if gluon is not None:
     from lightning_attention.ops.lightning.kernels.walk_ws import (
         _chunk_start,
         _incoming_state,
+        _initial_state,
+        _intra_decay,
         _program,
         _rows_desc,
         _slot,
@@ -117,19 +119,13 @@ if gluon is not None:
         v_blk: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
         col0 = CID * BV
 
-        # scale · λ^(j - i) for later-or-same tokens j >= i of a chunk, 0 above them (the reverse walk's mask), built
-        # once: the dv scores K Qᵀ and the dk scores V_c dO_cᵀ take the same factors
-        ti = gl.arange(0, BT, layout=gl.SliceLayout(1, mma_a))
-        tj = gl.arange(0, BT, layout=gl.SliceLayout(0, mma_a))
-        dist = tj[None, :] - ti[:, None]
-        decay = gl.where(dist >= 0, gl.exp2(-c * gl.maximum(dist, 0).to(gl.float32)) * scale, 0.0)
+        # scale · λ^(j - i) for later-or-same tokens j >= i of a chunk, 0 above them (the reverse walk's mask): the dv
+        # scores K Qᵀ and the dk scores V_c dO_cᵀ take the same factors
+        decay = _intra_decay(c, scale, BT, True, mma_a)
         to = gl.arange(0, BT, layout=gl.SliceLayout(1, mma_v))
         tv = gl.arange(0, BT, layout=gl.SliceLayout(1, v_blk))
 
-        if HAS_IN:
-            G = gl.load(_state_ptrs(g_in, sin_k, sin_v, col0, DK, BV, mma_v))
-        else:
-            G = gl.zeros([DK, BV], gl.float32, mma_v)
+        G = _initial_state(g_in, sin_k, sin_v, col0, DK, BV, HAS_IN, mma_v)
         d0 = gl.where(last, 0, 1)  # 0 while the walk starts from dht (not decayed before the last token)
         g_s.store(G.to(gl.bfloat16))
         fence_async_shared()

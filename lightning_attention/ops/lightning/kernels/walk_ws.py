@@ -187,6 +187,29 @@ if gluon is not None:
         return base + rk[:, None].to(gl.int64) * s_k + (col0 + cv)[None, :].to(gl.int64) * s_v
 
     @gluon.jit
+    def _intra_decay(c, scale, BT: gl.constexpr, REVERSE: gl.constexpr, layout: gl.constexpr):
+        """The chunk's [BT, BT] decay matrix in ``layout``: scale · λ^(p_i - p_j) where p_i >= p_j and 0 elsewhere (the
+        causal mask), p = the walk position up to a shift common to the chunk (forward: the token's index in the
+        chunk, reverse: its negation). Built once per program and held in registers."""
+        ti = gl.arange(0, BT, layout=gl.SliceLayout(1, layout))
+        tj = gl.arange(0, BT, layout=gl.SliceLayout(0, layout))
+        if REVERSE:
+            dist = tj[None, :] - ti[:, None]
+        else:
+            dist = ti[:, None] - tj[None, :]
+        return gl.where(dist >= 0, gl.exp2(-c * gl.maximum(dist, 0).to(gl.float32)) * scale, 0.0)
+
+    @gluon.jit
+    def _initial_state(s_in, s_k, s_v, col0, DK: gl.constexpr, BV: gl.constexpr, HAS_IN: gl.constexpr,
+                       layout: gl.constexpr):  # fmt: skip
+        """This consumer's [DK, BV] fp32 block (columns col0 …) of the incoming state at ``s_in`` (strides s_k, s_v)
+        in ``layout``, or zeros without HAS_IN."""
+        if HAS_IN:
+            return gl.load(_state_ptrs(s_in, s_k, s_v, col0, DK, BV, layout))
+        else:
+            return gl.zeros([DK, BV], gl.float32, layout)
+
+    @gluon.jit
     def _consumer(CID: gl.constexpr, o_desc, q_s, k_s, v_s, ready, empty, s_s, s_lo, vd_s, vd_lo, o_s, s_in, ht,
                   sin_k, sin_v, sht_k, sht_v, n_chunks, bos, eos, last, c, scale_intra, scale_inter, scale_upd, i_vp,
                   DK: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, STAGES: gl.constexpr,
@@ -201,22 +224,11 @@ if gluon is not None:
         v_blk: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
         col0 = (2 * i_vp + CID) * BV
 
-        # scale_intra · λ^(p_i - p_j) where p_i >= p_j, p = the walk position up to a shift common to the chunk
-        # (forward: the token's index in the chunk, reverse: its negation), built once
-        ti = gl.arange(0, BT, layout=gl.SliceLayout(1, mma_a))
-        tj = gl.arange(0, BT, layout=gl.SliceLayout(0, mma_a))
-        if REVERSE:
-            dist = tj[None, :] - ti[:, None]
-        else:
-            dist = ti[:, None] - tj[None, :]
-        decay = gl.where(dist >= 0, gl.exp2(-c * gl.maximum(dist, 0).to(gl.float32)) * scale_intra, 0.0)
+        decay = _intra_decay(c, scale_intra, BT, REVERSE, mma_a)
         to = gl.arange(0, BT, layout=gl.SliceLayout(1, mma_o))
         tv = gl.arange(0, BT, layout=gl.SliceLayout(1, v_blk))
 
-        if HAS_IN:
-            S = gl.load(_state_ptrs(s_in, sin_k, sin_v, col0, DK, BV, mma_o))
-        else:
-            S = gl.zeros([DK, BV], gl.float32, mma_o)
+        S = _initial_state(s_in, sin_k, sin_v, col0, DK, BV, HAS_IN, mma_o)
         # exponent offset of the incoming state (kernels/walk.py): 1, except a reverse walk that starts from dht
         if REVERSE:
             d0 = gl.where(last, 0, 1)
