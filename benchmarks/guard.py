@@ -47,7 +47,7 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.append(str(HERE))  # appended, never first: this folder holds no package that could shadow the measured one
 
-from guard_points import OLD_PACKAGE, PAIRED_GROUPS, PINS, POINTS
+from guard_points import OLD_PACKAGE, PAIRED_GROUPS, PINS, POINTS  # noqa: E402 - after the sys.path entry above
 
 PIN_VARIABLE = "LIGHTNING_ATTENTION_KERNEL_CONFIG"
 DEVICE_TOLERANCE, LAUNCH_TOLERANCE, LAUNCH_ABSOLUTE_US = 0.03, 0.05, 0.5
@@ -94,8 +94,8 @@ def measure(args) -> int:
     }  # fmt: skip
     pathlib.Path(args.out).write_text(json.dumps(doc, indent=1))
     sides = values if paired else {args.label: values}
-    print(json.dumps({label: {name: round(v["value"], 4) for name, v in side.items()} for label, side in sides.items()}),
-          flush=True)  # fmt: skip
+    print(json.dumps({label: {name: round(v["value"], 4) for name, v in side.items()}
+                      for label, side in sides.items()}), flush=True)  # fmt: skip
     return 0
 
 
@@ -336,7 +336,8 @@ def report_folder(folder: pathlib.Path, quiet: bool = False) -> int:
     result = {**summarize(raw, reps), "reps": reps, "gpu": plan.get("gpu"), "stopped": plan.get("stopped"),
               "machine": raw[0]["machine"] if raw else None, "packages": plan.get("packages", {}),
               "imported": sorted({f"{d['label']}: {d['package']['file']}" for d in raw}
-                                 | {f"pair, old: {d['package']['old_file']}" for d in raw if "old_file" in d["package"]}),
+                                 | {f"pair, old: {d['package']['old_file']}"
+                                    for d in raw if "old_file" in d["package"]}),
               "runs": raw}  # fmt: skip
     (folder / "guard.json").write_text(json.dumps(result, indent=1))
     text = markdown(result)

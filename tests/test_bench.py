@@ -127,7 +127,8 @@ def test_without_matplotlib_json_then_replot(tmp_path, capsys, monkeypatch):
 
 
 def test_io_bytes_and_floor_match_design():
-    """docs/design.md, "Benchmark grids": grid (a) at K = V = 128 moves 1.07 GB forward, 2.95 GB fwd+bwd: 0.36 / 0.98 ms at 3.02 TB/s."""
+    """docs/design.md, "Benchmark grids": grid (a) at K = V = 128 moves 1.07 GB forward, 2.95 GB fwd+bwd: 0.36 / 0.98 ms
+    at 3.02 TB/s."""
     fwd, fwdbwd = metrics.attention_io_bytes(GRID_A_128)
     assert fwd == 4 * 65536 * 16 * 128 * 2
     assert fwdbwd == 11 * 65536 * 16 * 128 * 2

@@ -73,16 +73,21 @@ def _points(folder) -> dict[str, dict]:
 def test_report_judges_device_and_launch_bound_points(guard, tmp_path):
     changes = {
         # device-bound (host below device): 2.9% slower passes, 3.5% fails
-        "a128-T2048-fwd": ({"value": 0.500, "device": 0.500, "host": 0.05}, {"value": 0.5145, "device": 0.5145, "host": 0.05}),
-        "a128-T8192-fwd": ({"value": 0.500, "device": 0.500, "host": 0.05}, {"value": 0.5175, "device": 0.5175, "host": 0.05}),
+        "a128-T2048-fwd": ({"value": 0.500, "device": 0.500, "host": 0.05},
+                           {"value": 0.5145, "device": 0.5145, "host": 0.05}),
+        "a128-T8192-fwd": ({"value": 0.500, "device": 0.500, "host": 0.05},
+                           {"value": 0.5175, "device": 0.5175, "host": 0.05}),
         # launch-bound (host above device): 4.5% passes; 20% slower but 0.4 µs passes; 10% and 1 µs fails
-        "host-T1024-fwd": ({"value": 40.0, "device": 12.0, "host": 40.0}, {"value": 41.8, "device": 12.0, "host": 41.8}),
+        "host-T1024-fwd": ({"value": 40.0, "device": 12.0, "host": 40.0},
+                           {"value": 41.8, "device": 12.0, "host": 41.8}),
         "decode-b1-step": ({"value": 2.0, "device": 1.0, "host": 2.0}, {"value": 2.4, "device": 1.0, "host": 2.4}),
         "decode-b1-wall": ({"value": 10.0, "device": 1.0, "host": 3.0}, {"value": 11.0, "device": 1.0, "host": 3.0}),
         # launch-bound in the old package only (the new one moved below its device time): the looser rule applies
-        "host-T1024-fwdbwd": ({"value": 100.0, "device": 60.0, "host": 100.0}, {"value": 104.0, "device": 110.0, "host": 104.0}),
+        "host-T1024-fwdbwd": ({"value": 100.0, "device": 60.0, "host": 100.0},
+                              {"value": 104.0, "device": 110.0, "host": 104.0}),
         # throughput: 2% fewer tokens/s passes; faster always passes
-        "tnl40m-train": ({"value": 500e3, "device": None, "host": None}, {"value": 490e3, "device": None, "host": None}),
+        "tnl40m-train": ({"value": 500e3, "device": None, "host": None},
+                         {"value": 490e3, "device": None, "host": None}),
         "a256-T4096-fwdbwd": ({"value": 8.0, "device": 8.0, "host": 1.0}, {"value": 6.0, "device": 6.0, "host": 1.0}),
     }  # fmt: skip
     _write_run(guard, tmp_path, changes)
@@ -107,8 +112,8 @@ def test_report_judges_device_and_launch_bound_points(guard, tmp_path):
     table = (tmp_path / "guard.md").read_text()
     assert table.startswith("# Guard: FAIL")
     assert (
-        "| a128-T8192-fwd: grid (a) K = V = 128, T = 8192, B = 8: forward, do_bench median | ms | 0.5 | 0.5175 | 1.035 |"
-        in table
+        "| a128-T8192-fwd: grid (a) K = V = 128, T = 8192, B = 8: forward, do_bench median "
+        "| ms | 0.5 | 0.5175 | 1.035 |" in table
     )
     assert "| launch (41.8 / 12) | PASS (3 paired runs: 1.045, 1.045, 1.045) |" in table
     assert "| launch (2.4 / 1) | PASS (3/3 runs) |" in table  # decode-b1-step: unpaired

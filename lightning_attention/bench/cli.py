@@ -35,7 +35,8 @@ BENCHES = {
     "decode": ("lightning_attention.bench.decode", "decode step latency vs batch, with the floor; flat memory"),
     "model": ("lightning_attention.bench.model", "training tokens/s vs context and loss curves, TNL vs LLaMA"),
     "hybrid": ("lightning_attention.bench.hybrid", "hybrid softmax/linear chunk attention vs SDPA causal"),
-    "serving": ("lightning_attention.bench.serving", "HF generate(), TNL vs LLaMA: first token, decode tokens/s, memory"),
+    "serving": ("lightning_attention.bench.serving", "HF generate(), TNL vs LLaMA: "
+                "first token, decode tokens/s, memory"),
     "model-quality": ("lightning_attention.bench.model_quality", "TNL, MiniMax, hybrid vs LLaMA at equal size: "
                       "learning-rate sweep, seeds, loss by position, beyond the context, copy probe"),
 }

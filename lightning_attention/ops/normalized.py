@@ -18,11 +18,11 @@ state of ``lightning_attn(φ(q), φ(k), v')`` is [S | z], and its output column 
 denominator come out of one call of the same kernels, forward and backward, no second kernel family.
 The kernels take V ≤ 256 (:data:`MAX_KERNEL_V`), so V = 256 cannot carry the extra column. Then
 (:func:`fused_normaliser` is False) the values go through one call with v as is and the normaliser through a second,
-narrow call whose values are :data:`NARROW_V` = 16 columns of ones (the kernels' smallest V; all 16 columns are equal, column 0 is used). We
-chose this over splitting the values into two calls of 128 and 129 columns because (1) the narrow call adds only one
-narrow value tile (64 wide: kernels.configs.WALK_MIN_TILE), while a 129-wide call crosses a tile boundary and pays a
-second full-width tile; (2) v goes to
-the kernel without the concatenation copy; (3) both options recompute φ(q)φ(k)ᵀ twice, so that cost is equal.
+narrow call whose values are :data:`NARROW_V` = 16 columns of ones (the kernels' smallest V; all 16 columns are equal,
+column 0 is used). We chose this over splitting the values into two calls of 128 and 129 columns because (1) the narrow
+call adds only one narrow value tile (64 wide: kernels.configs.WALK_MIN_TILE), while a 129-wide call crosses a tile
+boundary and pays a second full-width tile; (2) v goes to the kernel without the concatenation copy; (3) both options
+recompute φ(q)φ(k)ᵀ twice, so that cost is equal.
 
 float16 inputs: num and den are not normalised, and in float16 they overflow (den ~ K'·T without decay) or, decayed,
 underflow where they still matter against eps; the linear part of float16 calls therefore runs in float32.

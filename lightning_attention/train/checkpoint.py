@@ -9,7 +9,8 @@ Layout of ``<out>/`` (``lightning-attention train --out <out>``)::
                                           optimizer's hyperparameters; plain tensors and numbers, read with
                                           ``torch.load(weights_only=True)``
     optimizer/                            the AdamW state, sharded: safetensors files written by every rank and
-                                          readable at any world size (see :mod:`~lightning_attention.train.optimizer_state`)
+                                          readable at any world size (see
+                                          :mod:`~lightning_attention.train.optimizer_state`)
     checkpoint.json                       the manifest: format, step, and the size and SHA-256 of every file above
                                           (files in subfolders by their relative path, e.g. ``optimizer/shard-...``)
     previous/                             the checkpoint before this one (same layout), kept until the next save

@@ -59,7 +59,8 @@ class Layout:
 def build_layout(info: DistInfo, sequence_parallel: int, device: torch.device, *, sp_capable: bool) -> Layout:
     """The mesh of the run's process group (every rank must call it: creating groups is collective).
 
-    ``sp_capable``: the model can run sequence parallel (TNL without softmax layers or learned decay); checked when sp > 1.
+    ``sp_capable``: the model can run sequence parallel (TNL without softmax layers or learned decay); checked when
+    sp > 1.
     """
     sp = sequence_parallel
     if sp != 1 and not sp_capable:

@@ -300,7 +300,8 @@ def _train(cfg: TrainConfig, info: dist_utils.DistInfo) -> TrainResult:
         if info.is_main:
             training_state = {
                 "format_version": STATE_VERSION, "step": result.step,
-                "optimizer_hyperparameters": hyperparameters, "scheduler": scheduler.state_dict(), "loader": loader.state_dict(), "rng": ckpt_io.rng_state(),
+                "optimizer_hyperparameters": hyperparameters, "scheduler": scheduler.state_dict(),
+                "loader": loader.state_dict(), "rng": ckpt_io.rng_state(),
                 "options": cfg.options(), "data_parallel_ranks": layout.dp_world,
                 "history": {"train": result.train_losses, "val": result.val_losses,
                             "val_bits_per_byte": result.val_bits_per_byte},

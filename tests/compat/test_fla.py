@@ -126,7 +126,8 @@ def _run(fn, x, case: Case, leaves, cu_seqlens=None, **extra) -> dict:
 
 
 def _leaves(x, dtype=None):
-    return [None if t is None else t.clone().to(dtype or t.dtype).requires_grad_() for t in (x[n] for n in "q k v h0".split())]
+    return [None if t is None else t.clone().to(dtype or t.dtype).requires_grad_()
+            for t in (x[n] for n in "q k v h0".split())]
 
 
 def _reference(x, case: Case) -> dict:
@@ -245,17 +246,21 @@ def test_positional_call_and_return_convention():
 
 def test_chunk_size_is_accepted_like_fla():
     q = k = v = torch.randn(1, 20, 2, 16)
-    torch.testing.assert_close(chunk_lightning_attn(q, k, v, 0, 2, chunk_size=32)[0], chunk_lightning_attn(q, k, v, 0, 2)[0])
+    torch.testing.assert_close(
+        chunk_lightning_attn(q, k, v, 0, 2, chunk_size=32)[0], chunk_lightning_attn(q, k, v, 0, 2)[0]
+    )
     chunk_lightning_attn(q, k, v, 0, 2, head_first=False)  # the only layout: accepted
 
 
 BAD_CALLS = [
-    ("chunk_size_not_power_of_two", chunk_lightning_attn, {"chunk_size": 48}, ValueError, "chunk_size must be a power of 2"),
+    ("chunk_size_not_power_of_two", chunk_lightning_attn, {"chunk_size": 48}, ValueError,
+     "chunk_size must be a power of 2"),
     ("head_first", chunk_lightning_attn, {"head_first": True}, ValueError, r"head_first=True .* \[B, T, H, K\]"),
     ("reverse_on_chunk", chunk_lightning_attn, {"reverse": True}, TypeError, "reverse.*fused_recurrent_lightning_attn"),
     ("unknown_keyword", chunk_lightning_attn, {"state_v_first": True}, TypeError, "unexpected keyword.*state_v_first"),
     ("unknown_keyword_recurrent", fused_recurrent_lightning_attn, {"chunk_size": 64}, TypeError, "chunk_size"),
-    ("layer_beyond_num_layers", chunk_lightning_attn, {"layer_idx": 5}, ValueError, r"layer_idx must be in \[0, num_layers\] = \[0, 4\]"),
+    ("layer_beyond_num_layers", chunk_lightning_attn, {"layer_idx": 5}, ValueError,
+     r"layer_idx must be in \[0, num_layers\] = \[0, 4\]"),
     ("negative_layer", fused_recurrent_lightning_attn, {"layer_idx": -1}, ValueError, "layer_idx must be in"),
     ("float_layer", chunk_lightning_attn, {"layer_idx": 1.0}, TypeError, "layer_idx must be an int"),
     ("bool_num_layers", chunk_lightning_attn, {"num_layers": True}, TypeError, "num_layers must be an int"),

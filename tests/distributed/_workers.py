@@ -2,8 +2,9 @@
 
 The parent writes a job's inputs to a temporary directory, :func:`spawn` starts ``world_size`` processes that
 rendezvous through a file store there (no TCP port to race for), each rank writes ``rank{r}.pt``, and the parent
-compares. A job that outlives its deadline is killed and fails the test: a hang never blocks CI. Children NaN-poison ``torch.empty*`` calls made inside the package exactly as tests/conftest.py does in
-the parent, so an unwritten buffer (e.g. an all-gather output) shows up as NaN there too.
+compares. A job that outlives its deadline is killed and fails the test: a hang never blocks CI. Children NaN-poison
+``torch.empty*`` calls made inside the package exactly as tests/conftest.py does in the parent, so an unwritten buffer
+(e.g. an all-gather output) shows up as NaN there too.
 
 Entry points must live at module level (spawn pickles them by name).
 """

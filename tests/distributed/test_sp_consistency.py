@@ -153,7 +153,8 @@ PROBES = [
     Probe("head_dim_k", _head_dim_k, _same(r"K \(head dim of q and k\) differs: rank 0: 16, rank 1: 16, rank 2: 32")),
     Probe("head_dim_v", _head_dim_v, _same(r"V \(head dim of v\) differs: rank 0: 16, rank 1: 8, rank 2: 16")),
     Probe("batch", _batch, _same(r"B \(batch\) differs: rank 0: 2, rank 1: 1, rank 2: 1")),
-    Probe("dtype", _dtype, _same(r"dtype differs: rank 0: torch.float32, rank 1: torch.bfloat16, rank 2: torch.float32")),
+    Probe("dtype", _dtype, _same(r"dtype differs: rank 0: torch.float32, rank 1: torch.bfloat16, "
+                                 r"rank 2: torch.float32")),
     Probe("output_final_state", _final_state_flag, _same(r"output_final_state differs: .* rank 2: False")),
     Probe("slope_values", _slope_values, _same(r"slope \(checksum of its values\) differs")),
     Probe("slope_on_some_ranks", _slope_on_two_ranks, _same(r"slope given differs: rank 0: False, rank 1: True")),

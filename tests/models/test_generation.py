@@ -90,7 +90,9 @@ def test_generate_continues_a_cache_handed_in():
     assert cache.get_seq_length() == 12 + 2
 
 
-@pytest.mark.skipif(not hasattr(GenerationConfig(), "prefill_chunk_size"), reason="transformers without chunked prefill")
+@pytest.mark.skipif(
+    not hasattr(GenerationConfig(), "prefill_chunk_size"), reason="transformers without chunked prefill"
+)
 @pytest.mark.parametrize("variant", ["tnl", "hybrid"])
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left-padded"])
 def test_prefill_in_chunks_fills_one_cache(variant, padded):

@@ -1,4 +1,5 @@
-"""Ahead-of-time compilation of the decode kernel for Hopper (sm_90), without a GPU (Triton compiles for any CUDA target without a driver).
+"""Ahead-of-time compilation of the decode kernel for Hopper (sm_90), without a GPU (Triton compiles for any CUDA
+target without a driver).
 
 Run as ``python -m tests.ops.decode_aot`` in a process WITHOUT ``TRITON_INTERPRET`` (the interpreter replaces the
 kernel object, so tests/ops/test_decode.py runs this module in a subprocess). For each launch configuration the

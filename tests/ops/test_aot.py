@@ -102,7 +102,8 @@ def build(jobs: list[dict], timeout: int = 600) -> list[dict]:
 def check(results: list[dict]) -> None:
     assert results, "nothing was built"
     for r in results:
-        label = {k: r[k] for k in ("kernel", "cc", "dtype", "DK", "DV", "BT", "BV", "num_warps", "num_stages") if k in r}
+        label = {k: r[k] for k in ("kernel", "cc", "dtype", "DK", "DV", "BT", "BV", "num_warps", "num_stages")
+                 if k in r}
         assert r["shared"] <= r["limit"], f"{label}: {r['shared']} B of shared memory > limit {r['limit']}"
         if "estimate" in r:
             assert r["shared"] <= r["estimate"], f"{label}: {r['shared']} B > the dispatcher's estimate {r['estimate']}"
@@ -123,8 +124,10 @@ def ci_builds():
     jobs = [{"cc": cc, "dtype": "bf16", "DK": 128, "DV": 128, "flags": FULL_FORWARD} for cc in ARCHS]
     jobs += [{"cc": cc, "dtype": "bf16", "DK": 256, "DV": 256, "flags": FULL_FORWARD, "which": "first"} for cc in ARCHS]
     jobs += [{"cc": cc, "dtype": "fp16", "DK": 128, "DV": 128, "flags": FULL_FORWARD} for cc in ARCHS]
-    jobs += [{"cc": cc, "dtype": "bf16", "DK": 128, "DV": 128, "flags": REVERSE_SEGMENTED, "which": "first"} for cc in ARCHS]
-    jobs += [{"cc": cc, "dtype": "fp16", "DK": 64, "DV": 64, "flags": PRE_PASS_VARLEN, "which": "first"} for cc in ARCHS]
+    jobs += [{"cc": cc, "dtype": "bf16", "DK": 128, "DV": 128, "flags": REVERSE_SEGMENTED, "which": "first"}
+             for cc in ARCHS]
+    jobs += [{"cc": cc, "dtype": "fp16", "DK": 64, "DV": 64, "flags": PRE_PASS_VARLEN, "which": "first"}
+             for cc in ARCHS]
     jobs += [{"cc": 90, "dtype": "fp32", "DK": 48, "DV": 40, "flags": {"VARLEN": 1}, "which": "last"}]
     jobs += [{"cc": cc, "dtype": "fp32", "DK": d, "DV": d, "flags": FULL_FORWARD}
              for cc in ARCHS for d in (64, 128, 256)]  # fmt: skip
@@ -284,7 +287,8 @@ def test_walk_first_config_tile_width_on_an_h100():
 
 @pytest.mark.parametrize("cc", ARCHS)
 def test_backward_and_prepass_variants_compile(ci_builds, cc):
-    check([r for r in ci_builds if r["kernel"] == "walk" and r["cc"] == cc and r["flags"] in (REVERSE_SEGMENTED, PRE_PASS_VARLEN)])
+    check([r for r in ci_builds
+           if r["kernel"] == "walk" and r["cc"] == cc and r["flags"] in (REVERSE_SEGMENTED, PRE_PASS_VARLEN)])
 
 
 @pytest.mark.parametrize("cc", ARCHS)
@@ -338,7 +342,8 @@ def test_inter_only_fit_rule():
     from lightning_attention.ops.lightning.kernels.configs import inter_only_fits
 
     for cc in (80, 90):
-        assert inter_only_fits(256, 128, 128, 2, SHARED_LIMITS[cc]) and inter_only_fits(256, 128, 16, 2, SHARED_LIMITS[cc])
+        assert (inter_only_fits(256, 128, 128, 2, SHARED_LIMITS[cc])
+                and inter_only_fits(256, 128, 16, 2, SHARED_LIMITS[cc]))
     # V = 129 pads to 256: the dq and dk walks (DK = 256) do not fit chunk tiles of 256 tokens (PyTorch path)
     assert not inter_only_fits(256, 128, 129, 2, SHARED_LIMITS[90])
     assert not inter_only_fits(256, 128, 128, 2, SHARED_LIMITS[120])

@@ -1,8 +1,8 @@
 """Decoding on CUDA (`pytest -m gpu tests/ops/test_decode_gpu.py`): the compiled Triton step at real sizes, the
 prefill -> pool -> decode hand-off, padding slots, CUDA-graph capture and replay, torch.compile and opcheck.
 
-Every result is compared with float64 from the same rounded inputs (docs/design.md, "Testing discipline"). Timings are not asserted here:
-they belong to the benchmark (lightning_attention.bench.decode_timing).
+Every result is compared with float64 from the same rounded inputs (docs/design.md, "Testing discipline"). Timings are
+not asserted here: they belong to the benchmark (lightning_attention.bench.decode_timing).
 """
 
 import dataclasses
@@ -171,7 +171,8 @@ def test_step_real_sizes(batch, K, V, dtype, monkeypatch):
 def _graph_case():
     """The CUDA-graph tests' case: B = 8 slots (two padding), H = 16, K = V = 128, a pool of 12 rows, 6 bf16 steps.
 
-    Returns (B, H, K, V, P, steps, slope [H], qs [steps, B, H, K], ks, vs [steps, B, H, V], idx [B], pool0 [P, H, K, V]).
+    Returns (B, H, K, V, P, steps, slope [H], qs [steps, B, H, K], ks, vs [steps, B, H, V], idx [B],
+    pool0 [P, H, K, V]).
     """
     B, H, K, V, P, steps = 8, 16, 128, 128, 12, 6
     dtype = torch.bfloat16

@@ -1,4 +1,5 @@
-"""The three executable references (quadratic, recurrent, chunked) agree in float64 (the first link of the reference chain)."""
+"""The three executable references (quadratic, recurrent, chunked) agree in float64 (the first link of the reference
+chain)."""
 
 import pytest
 import torch

@@ -17,7 +17,8 @@ from lightning_attention.ops.lightning.plan import ChunkProblem, TensorSpec
 
 
 def problem(B=8, T=8192, H=16, K=128, V=128, dtype=torch.bfloat16, device=H100, *, varlen=False, offsets=None,
-            final_state=False, h0=False, inter_chunk=0, backward=False, fwd_states=None, **changes) -> ChunkProblem:  # fmt: skip
+            final_state=False, h0=False, inter_chunk=0, backward=False, fwd_states=None,
+            **changes) -> ChunkProblem:  # fmt: skip
     """The problem of a call on contiguous [B, T, H, K] tensors (a backward one with ``backward``); ``varlen``
     without ``offsets``: three packed sequences whose offsets stay on the device."""
     qk = TensorSpec.contiguous((B, T, H, K), dtype)

@@ -242,7 +242,8 @@ CPU_TRITON_SCRIPT = textwrap.dedent(
         except NotImplementedError as e:
             assert "bfloat16" in str(e) and "interpreter" in str(e), e
         else:
-            raise AssertionError(f"{dtype} chunk calls ({precision}) must raise on an interpreter computing bf16 wrongly")
+            raise AssertionError(f"{dtype} chunk calls ({precision}) must raise on an interpreter "
+                                 "computing bf16 wrongly")
     print("CPU TRITON MODE OK")
     """
 )

@@ -31,7 +31,8 @@ def test_contiguous_inputs_are_ready():
         (lambda: torch.randn(1, 8, 3, 100).bfloat16(), "head stride 200 B"),
         (lambda: torch.randn(1, 8, 3, 72).bfloat16()[..., 4:68], "starts 8 B into a row"),
         (lambda: torch.randn(1, 8, 3, 64).half().transpose(-1, -2), "last dim not contiguous"),
-        (lambda: torch.randn(1, 9, 64).bfloat16()[:, 1:].reshape(1, 8, 1, 64), "start 128 B in, token stride 128 B: ready"),
+        (lambda: torch.randn(1, 9, 64).bfloat16()[:, 1:].reshape(1, 8, 1, 64),
+         "start 128 B in, token stride 128 B: ready"),
     ],
 )
 def test_the_16_byte_rules(make, why):

@@ -198,7 +198,9 @@ def test_provenance_names_what_the_entries_depend_on(tune_table):
     baselines, the measuring command without the options that name outputs, the results folder of the GPU."""
     info = {"gpu": "NVIDIA H200", "driver": "580.159.04", "cuda": "13.0", "torch": "2.11.0+cu130", "triton": "3.6.0",
             "fla": "0.6.0", "date": "2026-01-01T00:00:00+00:00"}  # fmt: skip
-    assert tune_table.gpu_line(info) == "NVIDIA H200 | driver 580.159.04 | CUDA 13.0 | torch 2.11.0+cu130 | triton 3.6.0"
+    assert tune_table.gpu_line(info) == (
+        "NVIDIA H200 | driver 580.159.04 | CUDA 13.0 | torch 2.11.0+cu130 | triton 3.6.0"
+    )
     argv = ["--out", "/tmp/t.py", "--reps", "5", "--json=/tmp/t.json", "--results", "x.json", "--tie", "0.02"]
     assert tune_table.measuring_command(argv) == "python benchmarks/tune_table.py --reps 5 --tie 0.02"
     assert tune_table.results_folder("NVIDIA H200") == "h200"

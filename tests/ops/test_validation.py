@@ -61,7 +61,8 @@ CASES = [
     ("backward-value", {}, dict(backward="fused"), ValueError, "backward must be one of"),
     ("h0-shape", {}, dict(initial_state=torch.zeros(B, H, V, K)), ValueError, "initial_state must have shape"),
     ("h0-batch", {}, dict(initial_state=torch.zeros(B + 1, H, K, V)), ValueError, "initial_state must have shape"),
-    ("h0-dtype", {}, dict(initial_state=torch.zeros(B, H, K, V).bfloat16()), TypeError, "initial_state must be float32"),
+    ("h0-dtype", {}, dict(initial_state=torch.zeros(B, H, K, V).bfloat16()), TypeError,
+     "initial_state must be float32"),
     ("cu-needs-b1", {}, dict(cu_seqlens=torch.tensor([0, T])), ValueError, "requires a packed batch"),
     ("cu-cpu-alone", {}, dict(cu_seqlens_cpu=torch.tensor([0, T])), ValueError, "cu_seqlens_cpu was given"),
 ]
@@ -387,7 +388,8 @@ def test_override_is_scoped():
 def test_conftest_poisons_package_allocations():
     """torch.empty* called from inside the package returns NaN during tests, so unwritten outputs cannot pass."""
     namespace = {"__name__": "lightning_attention.probe", "torch": torch}
-    exec("def alloc():\n    return torch.empty(4), torch.empty_like(torch.ones(2)), torch.ones(1).new_empty(3)", namespace)
+    exec("def alloc():\n"
+         "    return torch.empty(4), torch.empty_like(torch.ones(2)), torch.ones(1).new_empty(3)", namespace)
     for t in namespace["alloc"]():
         assert torch.isnan(t).all()
     outside = torch.empty(4)  # allocations made by the tests themselves are left alone (not checked: arbitrary)
