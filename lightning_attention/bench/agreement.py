@@ -15,11 +15,10 @@ measurements, where sampled. The two runs' commands are printed too: runs timed 
 import argparse
 import dataclasses
 import pathlib
-import sys
 
 from lightning_attention.bench.results import md_table
 from lightning_attention.bench.run_folder import PROVIDERS, Kernels, load_run, merge_kernels
-from lightning_attention.bench.tables import CLOCK_TIMERS, header
+from lightning_attention.bench.tables import CLOCK_TIMERS, emit, header, missing_folders
 
 DEFAULT_BOUND_PCT = 5.0
 
@@ -147,15 +146,9 @@ def main(argv=None) -> int:
     p.add_argument("--bound", type=float, default=DEFAULT_BOUND_PCT, help="the agreement bound in percent")
     p.add_argument("--out", type=pathlib.Path, default=None, help="also write the markdown to this file")
     args = p.parse_args(argv)
-    for folder in (args.first, args.second):
-        if not folder.is_dir():
-            print(f"error: {folder} is not a folder", file=sys.stderr)
-            return 2
-    text = render(args.first, args.second, args.bound)
-    print(text, end="")
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+    if missing_folders(args.first, args.second):
+        return 2
+    emit(render(args.first, args.second, args.bound), args.out)
     return 0
 
 

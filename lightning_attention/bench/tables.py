@@ -372,19 +372,30 @@ def render(run: Run) -> str:
     return "\n\n".join("\n".join(s).rstrip() for s in sections) + "\n"
 
 
+def missing_folders(*folders: pathlib.Path) -> bool:
+    """Whether any of ``folders`` is not a folder (each such one named on stderr): a report's arguments."""
+    missing = [f for f in folders if not f.is_dir()]
+    for folder in missing:
+        print(f"error: {folder} is not a folder", file=sys.stderr)
+    return bool(missing)
+
+
+def emit(text: str, out: pathlib.Path | None) -> None:
+    """Prints a report's markdown and, with ``out``, writes it there too."""
+    print(text, end="")
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("folder", type=pathlib.Path, help="a run folder (e.g. one under benchmarks/results/)")
     p.add_argument("--out", type=pathlib.Path, default=None, help="also write the markdown to this file")
     args = p.parse_args(argv)
-    if not args.folder.is_dir():
-        print(f"error: {args.folder} is not a folder", file=sys.stderr)
+    if missing_folders(args.folder):
         return 2
-    text = render(load_run(args.folder))
-    print(text, end="")
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+    emit(render(load_run(args.folder)), args.out)
     return 0
 
 
