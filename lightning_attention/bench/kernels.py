@@ -97,8 +97,8 @@ def measure_case(
         for _ in range(2 if device.type == "cuda" else 0):  # finish any autotuning before the clock runs
             _clear(prepared.leaves)
             prepared.forward_backward()
-        timer = {"warmup_ms": warmup_ms, "rep_ms": rep_ms, "sampler": sampler, "settle_s": settle_s}
-        timer["grad_to_none"] = prepared.leaves
+        timer = {"warmup_ms": warmup_ms, "rep_ms": rep_ms, "grad_to_none": prepared.leaves, "sampler": sampler,
+                 "settle_s": settle_s}  # fmt: skip
         fwd = bench(prepared.run_forward, device, **timer)
         fwdbwd = bench(prepared.forward_backward, device, **timer)
         record.update(
