@@ -12,9 +12,11 @@ all-gathered; the saving per GPU appears with the ranks. Two GPUs (2-way FSDP2, 
     torchrun --standalone --nproc_per_node 2 benchmarks/train_memory.py --sequence-parallel 1,2 --compile off \\
         --out benchmarks/results/<run>/train_memory_2gpu
 
-Each configuration builds the model from the same seed, applies the trainer's own set-up
-(:func:`lightning_attention.train.trainer.prepare_model`: activation checkpointing, per-block compile, then DDP or
-``fully_shard`` on the ("dp", "sp") mesh) and its step (:func:`~lightning_attention.train.trainer.train_step`: bf16
+Each configuration builds the model from the same seed as the trainer does
+(:func:`lightning_attention.train.trainer.build_model`: whole on every GPU for DDP; for FSDP2 on the meta device,
+whole only on rank 0's CPU), applies the trainer's own set-up (:func:`~lightning_attention.train.trainer.prepare_model`:
+activation checkpointing, per-block compile, then DDP or ``fully_shard`` on the ("dp", "sp") mesh, then the shards
+filled from rank 0) and its step (:func:`~lightning_attention.train.trainer.train_step`: bf16
 autocast, gradient clipping, AdamW) on random tokens, ``--warmup`` untimed steps (compilation, autotuning) then
 ``--steps`` timed ones. Reported per configuration, as a JSON line and in ``<out>/train_memory.json``:
 ``peak_memory_gib`` (``torch.cuda.max_memory_allocated`` from before the model was built, the largest over the
@@ -47,7 +49,7 @@ from lightning_attention.models.presets import PRESETS, model_config, model_from
 from lightning_attention.train import distributed as dist_utils
 from lightning_attention.train import parallel
 from lightning_attention.train.config import TrainConfig
-from lightning_attention.train.trainer import autocast_context, make_optimizer, prepare_model, train_step
+from lightning_attention.train.trainer import autocast_context, build_model, make_optimizer, prepare_model, train_step
 
 FULL = {"preset": "400m", "vocab_size": 64000, "context": 2048, "batch_size": 8, "steps": 10, "warmup": 3,
         "compile_backend": "inductor"}
@@ -113,12 +115,16 @@ def measure(conf: dict, args, info: dist_utils.DistInfo, device: torch.device, l
     _release(device)
     cfg = TrainConfig(arch=args.arch, preset=args.preset, device=device.type)
     torch.manual_seed(0)
-    model = model_from_config(args.arch, model_config(args.arch, args.preset, args.vocab_size),
-                              sequence_parallel_group=layout.sp_group).to(device)
+    config = model_config(args.arch, args.preset, args.vocab_size)
+    model, fill = build_model(lambda: model_from_config(args.arch, config, sequence_parallel_group=layout.sp_group),
+                              layout, info, device, conf["strategy"])
     record = {"parameters": parameter_count(model)}
     net = prepare_model(model, layout, device, data_parallel=conf["strategy"],
                         gradient_checkpointing=conf["checkpointing"], compile=conf["compile"],
                         compile_backend=args.compile_backend)
+    if fill is not None:
+        fill()
+        del fill
     optimizer = make_optimizer(model, cfg)
     autocast = autocast_context(cfg, device)
     generator = torch.Generator().manual_seed(1 + layout.dp_rank)  # each replica its own tokens; an SP group shares

@@ -14,6 +14,7 @@ import sys
 
 import pytest
 import torch
+import torch.utils._device as torch_device_context
 
 from lightning_attention import settings
 
@@ -63,6 +64,9 @@ def _poisoning(fn):
     return poisoned
 
 
+# a `with torch.device(...)` block recognises the allocators it redirects by identity, from a set it builds once: built
+# now, it holds the originals that the wrappers call, so meta-device builds stay on the meta device
+torch_device_context._device_constructors()
 torch.empty = _poisoning(torch.empty)
 torch.empty_like = _poisoning(torch.empty_like)
 torch.empty_strided = _poisoning(torch.empty_strided)

@@ -115,6 +115,30 @@ def parallelize(model: nn.Module, layout: Layout, strategy: str, device: torch.d
     )
 
 
+def fill_shards(model: nn.Module, whole: nn.Module | None, device: torch.device) -> None:
+    """Gives ``model``, built on the meta device and sharded in place by FSDP2 (:func:`parallelize`), its values:
+    those of ``whole``, the same model built (and resumed) on rank 0's CPU. Collective: every rank calls it, the others
+    with ``whole=None``. Each rank allocates only its shards, so no GPU ever holds the whole model; the parameters and
+    persistent buffers go out from rank 0 one tensor at a time (``set_model_state_dict``), then the buffers a state
+    dict leaves out (computed at build: TNL's decay slopes, rotary frequencies). Last, every rank takes rank 0's CPU
+    random state, which building ``whole`` advanced, as if each rank had built the model itself."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    model.to_empty(device=device)
+    set_model_state_dict(model, whole.state_dict() if whole is not None else {},
+                         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    saved = set(model.state_dict())
+    for name, buffer in model.named_buffers():
+        if name not in saved:
+            if whole is not None:
+                buffer.copy_(whole.get_buffer(name))
+            dist.broadcast(buffer, src=0)
+    rng = [torch.get_rng_state()]
+    dist.broadcast_object_list(rng, src=0)
+    torch.set_rng_state(rng[0])
+
+
 def reshard(model: nn.Module) -> None:
     """Frees the unsharded parameters FSDP2's root keeps after a forward (it expects the backward to need them at
     once; the blocks reshard after their own forward): after an evaluation, which has no backward, the parameters are

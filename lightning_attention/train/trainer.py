@@ -21,9 +21,11 @@ gradient sums run in another order). ``--batch-size`` with ``--resume-override b
 
 import contextlib
 import dataclasses
+import functools
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -246,6 +248,40 @@ def _tokenizer(cfg: TrainConfig, source: str | None, train_text: str, info: dist
     return wrap_tokenizer(Tokenizer.from_str(payload[0]))
 
 
+def build_model(build: Callable[[], torch.nn.Module], layout: parallel.Layout, info: dist_utils.DistInfo,
+                device: torch.device, data_parallel: str, source: str | None = None):
+    """``(model, fill)``: the model ``build()`` makes (on the CPU, from the current random state), with the weights of
+    the checkpoint folder ``source`` when given, and what must run once :func:`prepare_model` has sharded it (None:
+    nothing).
+
+    Under FSDP2 (``data_parallel == "fsdp"`` on a mesh) ``model`` is built on the meta device on every rank, and rank 0
+    alone builds it whole on its CPU (then resumes it); ``fill`` (``parallel.fill_shards``, collective) gives the
+    shards their values from that copy, so no GPU ever holds the whole model. Otherwise ``model`` is built whole on
+    every rank and moved to ``device`` (DDP keeps a full replica anyway).
+    """
+    if data_parallel != "fsdp" or layout.mesh is None:
+        model = build()
+        if source is not None:
+            ckpt_io.load_weights(model, source)
+        return model.to(device), None
+    whole, error, failure = None, None, [None]
+    if info.is_main:
+        try:
+            whole = build()
+            if source is not None:
+                ckpt_io.load_weights(whole, source)
+        except Exception as exc:  # the other ranks would wait for rank 0's weights: tell them before raising
+            error, failure = exc, [f"{type(exc).__name__}: {exc}"]
+    torch.distributed.broadcast_object_list(failure, src=0)
+    if error is not None:
+        raise error
+    if failure[0] is not None:
+        raise RuntimeError(f"rank 0 could not build the model: {failure[0]}")
+    with torch.device("meta"):
+        model = build()
+    return model, functools.partial(parallel.fill_shards, model, whole, device)
+
+
 def _train(cfg: TrainConfig, info: dist_utils.DistInfo) -> TrainResult:
     device = _device(cfg, info)
     source = _resume_source(cfg)
@@ -271,13 +307,14 @@ def _train(cfg: TrainConfig, info: dist_utils.DistInfo) -> TrainResult:
                         learn_decay=cfg.learn_decay or None) if cfg.arch == "tnl" else {}
     mconf = model_config(cfg.arch, cfg.preset, len(tokenizer), d_model=cfg.d_model, n_layers=cfg.n_layers,
                          n_heads=cfg.n_heads, ffn_dim=cfg.ffn_dim, dropout=cfg.dropout or None, **arch_options)
-    model = model_from_config(cfg.arch, mconf, sequence_parallel_group=layout.sp_group).to(device)
+    model, fill = build_model(lambda: model_from_config(cfg.arch, mconf, sequence_parallel_group=layout.sp_group),
+                              layout, info, device, cfg.data_parallel, source if state is not None else None)
     result = TrainResult(step=0, parameters=parameter_count(model))
-    if state is not None:
-        ckpt_io.load_weights(model, source)  # whole, on every rank, before FSDP2 shards it
-        model.to(device)
     net = prepare_model(model, layout, device, data_parallel=cfg.data_parallel,
                         gradient_checkpointing=cfg.gradient_checkpointing, compile=cfg.compile)
+    if fill is not None:
+        fill()
+        del fill  # rank 0's whole CPU copy
     optimizer = make_optimizer(model, cfg)  # over the parameters as the strategy left them (FSDP2: this rank's shards)
     scheduler = get_cosine_with_min_lr_schedule_with_warmup(optimizer, num_warmup_steps=cfg.warmup,
                                                             num_training_steps=cfg.steps, min_lr_rate=cfg.min_lr_ratio)

@@ -9,14 +9,18 @@ FSDP2 on 2 ranks with batch 2 each, FSDP2 over dp 2 x sp 2 on 4 ranks with batch
 
 import json
 import os
+from unittest import mock
 
 import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from lightning_attention.train import TrainConfig, train
+from lightning_attention.models.presets import model_from_config
+from lightning_attention.train import TrainConfig, parallel, train
 from lightning_attention.train.checkpoint import load_pretrained, load_training_state, verify_checkpoint
+from lightning_attention.train.distributed import DistInfo
+from lightning_attention.train.trainer import build_model
 from lightning_attention.train.data import load_text, split_text, validation_batches
 from lightning_attention.train.tokenizer import encode_corpus, resolve_tokenizer
 from tests.distributed._workers import spawn
@@ -48,11 +52,42 @@ def _four_ranks(rank, world_size, workdir) -> dict:
     return {"straight": _record(straight), "resumed": _record(resumed)}
 
 
+def _recording_builds(builds: list):
+    """Within the block, every model the trainer builds appends the device its parameters are on to ``builds``."""
+    from lightning_attention.train import trainer
+
+    def build(*args, **kwargs):
+        model = model_from_config(*args, **kwargs)
+        builds.append(next(model.parameters()).device.type)
+        return model
+
+    return mock.patch.object(trainer, "model_from_config", build)
+
+
+def _failed_build(rank, world_size) -> str:
+    """``build_model`` for FSDP2 when rank 0's build raises: the error each rank ends with (none may wait for rank 0's
+    weights forever)."""
+    info = DistInfo(rank, world_size, rank, initialized=True)
+    layout = parallel.build_layout(info, 1, torch.device("cpu"), sp_capable=True)
+
+    def build():
+        raise ValueError("no weights here")
+
+    try:
+        build_model(build, layout, info, torch.device("cpu"), "fsdp")
+    except Exception as exc:  # noqa: BLE001 - what each rank raised is the result
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
 def _two_ranks(rank, world_size, workdir) -> dict:
-    """FSDP2-only on 2 ranks; then the resumes at another world size or layout. A resumed run names the saved
-    options (``batch_size`` included, per rank as saved): the trainer splits the global batch anew."""
+    """FSDP2-only on 2 ranks (recording where each rank built the model); then the resumes at another world size or
+    layout. A resumed run names the saved options (``batch_size`` included, per rank as saved): the trainer splits
+    the global batch anew."""
     runs = workdir.parent / "runs"
-    fsdp = train(_cfg(runs / "fsdp", data_parallel="fsdp", batch_size=2))
+    builds = []
+    with _recording_builds(builds):
+        fsdp = train(_cfg(runs / "fsdp", data_parallel="fsdp", batch_size=2))
     # saved on 4 ranks (dp 2 x sp 2), resumed on 2 without sequence parallelism
     from_mesh = train(_cfg(runs / "from-mesh", data_parallel="fsdp", sequence_parallel=1, batch_size=2,
                            resume=str(runs / "mesh" / "previous")))
@@ -64,8 +99,8 @@ def _two_ranks(rank, world_size, workdir) -> dict:
                              resume=str(runs / "single" / "previous")))
     # saved by FSDP2, resumed by DDP on the same ranks: sharded optimizer state into full replicas
     to_ddp = train(_cfg(runs / "to-ddp", data_parallel="ddp", batch_size=2, resume=str(runs / "fsdp" / "previous")))
-    return {name: _record(r) for name, r in (("fsdp", fsdp), ("from_mesh", from_mesh), ("to_sp", to_sp),
-                                             ("from_single", from_single), ("to_ddp", to_ddp))}
+    return {"builds": builds, "failed_build": _failed_build(rank, world_size), **{name: _record(r) for name, r in (
+        ("fsdp", fsdp), ("from_mesh", from_mesh), ("to_sp", to_sp), ("from_single", from_single), ("to_ddp", to_ddp))}}
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +130,21 @@ def test_the_ranks_hold_unequal_numbers_of_validation_batches():
 
 
 def test_every_rank_reports_the_same_run(runs):
-    for job in (runs["four"], runs["two"]):
+    per_rank = ("builds", "failed_build")
+    for job in (runs["four"], [{k: v for k, v in r.items() if k not in per_rank} for r in runs["two"]]):
         assert all(r == job[0] for r in job[1:])
+
+
+def test_under_fsdp_only_rank_0_builds_the_whole_model_and_on_its_cpu(runs):
+    """Every rank builds the model on the meta device for FSDP2 to shard; rank 0 alone also builds it whole, on its
+    CPU, and fills every rank's shards from it (the runs above train like one process from those weights)."""
+    assert [r["builds"] for r in runs["two"]] == [["cpu", "meta"], ["meta"]]
+
+
+def test_a_failed_build_on_rank_0_fails_every_rank(runs):
+    assert [r["failed_build"] for r in runs["two"]] == [
+        "ValueError: no weights here", "RuntimeError: rank 0 could not build the model: ValueError: no weights here"
+    ]
 
 
 def test_fsdp_over_a_2x2_mesh_trains_like_one_process(runs):
