@@ -59,6 +59,7 @@ if gluon is not None:
         _slot,
         _stages,
         _state_ptrs,
+        _wait_chunk,
     )
 
 # the head dims it is built for (K = V), two value halves of DKDV_WS_BV columns (one per consumer), two stages
@@ -130,10 +131,7 @@ if gluon is not None:
         g_s.store(G.to(gl.bfloat16))
         fence_async_shared()
         for i in range(n_chunks):
-            s = i % STAGES
-            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-            lo = _chunk_start(i, n_chunks, bos, BT, True)
-            L = gl.minimum(lo + BT, eos) - lo
+            s, lo, L = _wait_chunk(ready, i, n_chunks, bos, eos, BT, STAGES, True)
             q = q_s.index(s)
             k = k_s.index(s)
             vc = v_s.index(2 * s + CID)

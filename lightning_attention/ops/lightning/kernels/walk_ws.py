@@ -90,6 +90,15 @@ if gluon is not None:
             return bos + i * BT
 
     @gluon.jit
+    def _wait_chunk(ready, i, n_chunks, bos, eos, BT: gl.constexpr, STAGES: gl.constexpr, REVERSE: gl.constexpr):
+        """Waits until the producer has filled chunk i's stage; returns (the stage, the chunk's first token, its
+        length)."""
+        s = i % STAGES
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        lo = _chunk_start(i, n_chunks, bos, BT, REVERSE)
+        return s, lo, gl.minimum(lo + BT, eos) - lo
+
+    @gluon.jit
     def _producer(q_desc, k_desc, v_desc, q_s, k_s, v_s, ready, empty, n_chunks, bos, i_vp,
                   BT: gl.constexpr, BV: gl.constexpr, STAGES: gl.constexpr, REVERSE: gl.constexpr,
                   LOAD_Q: gl.constexpr):  # fmt: skip
@@ -212,8 +221,8 @@ if gluon is not None:
     @gluon.jit
     def _consumer(CID: gl.constexpr, o_desc, q_s, k_s, v_s, ready, empty, s_s, s_lo, vd_s, vd_lo, o_s, s_in, ht,
                   sin_k, sin_v, sht_k, sht_v, n_chunks, bos, eos, last, c, scale_intra, scale_inter, scale_upd, i_vp,
-                  DK: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, STAGES: gl.constexpr,
-                  REVERSE: gl.constexpr, HAS_IN: gl.constexpr, STORE_HT: gl.constexpr, SPLIT: gl.constexpr):  # fmt: skip
+                  DK: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, STAGES: gl.constexpr, REVERSE: gl.constexpr,
+                  HAS_IN: gl.constexpr, STORE_HT: gl.constexpr, SPLIT: gl.constexpr):  # fmt: skip
         """Walks value tile 2·i_vp + CID from the incoming state at ``s_in`` (zeros without HAS_IN), storing each
         chunk's o and, with STORE_HT, the final state at ``ht`` (pointers to this program's [DK, BV] block). The
         state's and the decayed values' bf16 operands go to ``s_s`` and ``vd_s``, with SPLIT their low halves to
@@ -237,10 +246,7 @@ if gluon is not None:
         _store_operand(S, s_s, s_lo, SPLIT)
         fence_async_shared()
         for i in range(n_chunks):
-            s = i % STAGES
-            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-            lo = _chunk_start(i, n_chunks, bos, BT, REVERSE)
-            L = gl.minimum(lo + BT, eos) - lo
+            s, lo, L = _wait_chunk(ready, i, n_chunks, bos, eos, BT, STAGES, REVERSE)
             q = q_s.index(s)
             kt = k_s.index(s).permute((1, 0))  # [DK, BT]
             v = v_s.index(2 * s + CID)
@@ -375,10 +381,7 @@ if gluon is not None:
         tv = gl.arange(0, BT, layout=gl.SliceLayout(1, v_blk))
         S = gl.zeros([DK, BV], gl.float32, mma_o)
         for i in range(n_chunks):
-            s = i % STAGES
-            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-            lo = _chunk_start(i, n_chunks, bos, BT, REVERSE)
-            L = gl.minimum(lo + BT, eos) - lo
+            s, lo, L = _wait_chunk(ready, i, n_chunks, bos, eos, BT, STAGES, REVERSE)
             if REVERSE:
                 rv = L - 1 - tv
             else:
