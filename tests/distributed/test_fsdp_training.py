@@ -19,10 +19,10 @@ from safetensors.torch import load_file
 from lightning_attention.models.presets import model_from_config
 from lightning_attention.train import TrainConfig, parallel, train
 from lightning_attention.train.checkpoint import load_pretrained, load_training_state, verify_checkpoint
-from lightning_attention.train.distributed import DistInfo
-from lightning_attention.train.trainer import build_model
 from lightning_attention.train.data import load_text, split_text, validation_batches
+from lightning_attention.train.distributed import DistInfo
 from lightning_attention.train.tokenizer import encode_corpus, resolve_tokenizer
+from lightning_attention.train.trainer import build_model
 from tests.distributed._workers import spawn
 
 STEPS, SAVE_EVERY = 4, 2
