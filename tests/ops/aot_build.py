@@ -42,13 +42,13 @@ from lightning_attention.ops.lightning.plan import FP32_PRECISION, TMA_MIN_CAPAB
 
 ELEM_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 INTER_PREC = {"bf16": "input", "fp16": "tf32", "fp32": FP32_PRECISION}  # as plan.precisions picks them by default
-_IO_POINTERS = {"q", "k", "v", "o", "do", "dk", "dv"}
-_STATE_POINTERS = {"slope", "h0", "ht", "states", "pieces", "dht", "dh0"}
+_IO_POINTERS = {"q", "k", "v", "o", "do", "dk", "dv", "x"}
+_STATE_POINTERS = {"slope", "h0", "ht", "states", "pieces", "dht", "dh0", "rstates"}
 _INT_POINTERS = {"cu_seqlens", "seg_table", "seq_segs"}
 # the kernels' stride groups, one tuple argument each: (batch, token, head) of a [B, T, H, D] tensor, and (slot, head,
 # row, column) of a state, of which a launch makes the slot and head strides multiples of 16
-_TOKEN_STRIDES = {"sq", "sk", "sv", "so", "sdo", "sdk", "sdv"}
-_STATE_STRIDES = {"sh0", "sht", "sst", "sp"}
+_TOKEN_STRIDES = {"sq", "sk", "sv", "so", "sdo", "sdk", "sdv", "sx"}
+_STATE_STRIDES = {"sh0", "sht", "sst", "sp", "srs"}
 
 
 def inter_prec(dtype: str, flags: dict) -> str:
@@ -115,6 +115,7 @@ def dispatcher_configs(cc: int, dtype: str, DK: int, DV: int, flags: dict, point
     return list(walk_candidates(
         DK, DV, ELEM_BYTES[dtype], SHARED_LIMITS[cc], state_only=flags.get("STATE_ONLY", False),
         tma=uses_descriptors(cc, flags, pointers), state_bytes=state_operand_bytes(inter_prec(dtype, flags)),
+        rev_states=flags.get("REV_STATES", False),
     ))  # fmt: skip
 
 
@@ -144,13 +145,14 @@ def build_walk(cc: int, dtype: str, DK: int, DV: int, cfg, flags: dict, pointers
         DK=DK, DV=DV, BT=BT, BK=BK, BV=BV,
         VARLEN=0, REVERSE=False, HAS_DECAY=True, USE_H0=True, STORE_HT=True, SEG_IN=False, STATE_ONLY=False,
         SKIP_FINAL=False, INTER_ONLY=False, INTER_APART=cfg.kwargs["INTER_APART"], SPLIT_OPERANDS=False,
-        **_precision_constexprs(dtype, flags),
+        REV_STATES=False, REV_ALL=False, **_precision_constexprs(dtype, flags),
     )  # fmt: skip
     inter_only = bool(flags.get("INTER_ONLY", False))
     tma = constexprs["USE_TMA"] = uses_descriptors(cc, flags, pointers)  # as launches.walk_launch decides
     state_bytes = state_operand_bytes(inter_prec(dtype, flags))
     estimate = estimate_shared_bytes(BT, BK, BV, cfg.num_stages, ELEM_BYTES[dtype], inter_only, tma, state_bytes,
-                                     state_only=flags.get("STATE_ONLY", False))  # fmt: skip
+                                     state_only=flags.get("STATE_ONLY", False),
+                                     rev_states=flags.get("REV_STATES", False))  # fmt: skip
     fn = walk_kernel
     result = _compile("walk", fn, cc, dtype, DK, DV, BT, BV, cfg, constexprs, flags, estimate)
     result["pointers"] = pointers

@@ -6,7 +6,9 @@ Families and what a run of one pinned configuration ``c`` computes (B = 2 sequen
 final states, TNL decay):
 
 - ``walk``: the main walk's candidates (``configs.walk_candidates``, ``state_only=False``); whole sequences, so the
-  forward walk and the dq, dk and dv walks run with ``c``.
+  forward walk and the dq, dk and dv walks run with ``c``; where the backward's dq walk computes the reverse local
+  states (``plan.dq_reverse_states``: 16-bit, head dims up to 64), also in segments of 256 tokens, so that walk runs
+  with ``c`` too.
 - ``prepass``: the segment pre-pass's candidates (``state_only=True``); segments of 256 tokens, so the pre-pass runs
   with ``c`` (and the scan and the segment-reading walks beside it).
 - ``dkdv``: the fused dk/dv walk's candidates (``configs.dkdv_candidates``, with descriptors where the launch takes
@@ -24,8 +26,9 @@ sticky): a process per unit keeps one fault from failing every later check, and 
     python -m tests.ops.config_check --family walk --dtype bfloat16 --head-dim 128 --tma 1 [--precision split]
 
 prints a line ``CANDIDATES [[BT, BV, num_warps, num_stages], ...]``, then per pinned configuration a line
-``RUN {json}`` with the relative L2 error of o, the final state, dq, dk, dv and dh0, and whether each is within the
-dtype's tolerance. Uninitialised outputs are NaN, as in the tests (``tests/conftest.py``).
+``RUN {json}`` with the relative L2 error of o, the final state, dq, dk, dv and dh0 for each segment length it ran
+at, and whether each is within the dtype's tolerance. Uninitialised outputs are NaN, as in the tests
+(``tests/conftest.py``).
 """
 
 import argparse
@@ -86,6 +89,21 @@ def unit_candidates(
         return [shape_of(c) for c in found]
 
 
+def unit_segment_lens(family: str, dtype: torch.dtype, D: int, tma_setting: bool, precision: str,
+                      device: torch.device) -> tuple[int, ...]:  # fmt: skip
+    """The segment lengths (0: whole sequences) a unit runs each configuration at: the pre-pass family's segments;
+    the walk family's whole sequences, and segments too where the dq walk of a segmented backward computes the reverse
+    local states (as the plan decides for a call of two segments)."""
+    if family == "prepass":
+        return (SEGMENT_LEN,)
+    if family == "dkdv":
+        return (0,)
+    with settings.override(**unit_settings(family, tma_setting, precision), segment_len=SEGMENT_LEN):
+        x = torch.empty(1, 2 * SEGMENT_LEN, 1, D, dtype=dtype, device=device)
+        problem = run.problem_of(x, x, x, None, None, None, None, 1.0, False, 0, do=x)
+        return (0, SEGMENT_LEN) if plan.dq_reverse_states(problem, plan.plan_segments(problem)) else (0,)
+
+
 def unit_settings(family: str, tma_setting: bool, precision: str) -> dict:
     """The settings every run of a unit shares: the Triton kernels, the unit's precision and descriptor setting, the
     two-warpgroup walk off, and the fused dk/dv walk on for its family."""
@@ -134,22 +152,25 @@ def main(argv=None) -> int:
     data = inputs(B, T, H, D, dtype, device)
     reference = forward_backward(*data, slope, reference=True)
     conftest._POISON_ACTIVE[0] = True  # outputs the library allocates start as NaN from here on
+    segment_lens = unit_segment_lens(args.family, dtype, D, bool(args.tma), args.precision, device)
     for pin in pins:
-        segment_len = SEGMENT_LEN if args.family == "prepass" else 0
-        changes = dict(kernel_config=settings.KernelPin(*pin), segment_len=segment_len)
-        with settings.override(**base, **changes):
+        with settings.override(**base, kernel_config=settings.KernelPin(*pin)):
             # the selector keeps a pin that fits as given: the launch ran this configuration, not a fallback
             kept = unit_candidates(args.family, dtype, D, bool(args.tma), args.precision, device)
-        record = {"config": pin, "pinned_as_given": kept == [pin]}
-        try:
-            with settings.override(**base, **changes):
-                got = forward_backward(*data, slope)
-            errors = {name: relative_error(a, b) for name, a, b in zip(OUTPUTS, got, reference, strict=True)}
-            finite = all(bool(torch.isfinite(a).all()) for a in got)
-            record.update(errors=errors, finite=finite,
-                       ok=finite and all(e <= tolerance(dtype) for e in errors.values()))  # fmt: skip
-        except Exception as e:  # noqa: BLE001 - a compile or launch error of this configuration: the next one runs
-            record.update(error=f"{type(e).__name__}: {str(e)[:400]}", ok=False)
+        record = {"config": pin, "pinned_as_given": kept == [pin], "runs": [], "ok": True}
+        for segment_len in segment_lens:
+            changes = dict(kernel_config=settings.KernelPin(*pin), segment_len=segment_len)
+            try:
+                with settings.override(**base, **changes):
+                    got = forward_backward(*data, slope)
+                errors = {name: relative_error(a, b) for name, a, b in zip(OUTPUTS, got, reference, strict=True)}
+                finite = all(bool(torch.isfinite(a).all()) for a in got)
+                ok = finite and all(e <= tolerance(dtype) for e in errors.values())
+                record["runs"].append(dict(segment_len=segment_len, errors=errors, finite=finite, ok=ok))
+            except Exception as e:  # noqa: BLE001 - a compile or launch error of this configuration: the next one runs
+                ok = False
+                record["runs"].append(dict(segment_len=segment_len, error=f"{type(e).__name__}: {str(e)[:400]}"))
+            record["ok"] = record["ok"] and ok
         print("RUN " + json.dumps(record), flush=True)
     return 0
 

@@ -32,6 +32,8 @@ FULL_FORWARD = {}  # default flags: forward walk with h0 and final state (the la
 REVERSE_SEGMENTED = {"REVERSE": True, "SEG_IN": True, "USE_H0": False, "STORE_HT": False}
 PRE_PASS_VARLEN = {"STATE_ONLY": True, "USE_H0": False, "STORE_HT": False, "VARLEN": 2}
 PRE_PASS = {"STATE_ONLY": True, "USE_H0": False, "STORE_HT": False}
+# the backward's dq walk at K = 64 on segments, also writing the reverse local states (every segment's: dh0 wanted)
+DQ_REVERSE_STATES = {"SEG_IN": True, "USE_H0": False, "STORE_HT": False, "REV_STATES": True, "REV_ALL": True}
 # the split precision: scores, state and decayed values as two halves (more live tiles than the default)
 SPLIT_FORWARD = {"SPLIT_OPERANDS": True}
 # hybrid attention's default: chunks of 256 tokens, inter-only reverse walk, the values (V = 128) and the narrow
@@ -72,7 +74,9 @@ DKDV_WS_BUILDS = [
 # the tuned tables shipped without a GPU run (the selector's first candidates): every entry is built for its target
 UNTIMED_TABLES = {cc: tuned.TABLES[cc] for cc in tuned.UNTIMED}
 # the kernel flags a walk's table key holds (besides DK, DV, USE_TMA and WAVES)
-_KEY_FLAGS = ("VARLEN", "REVERSE", "HAS_DECAY", "STATE_ONLY", "SEG_IN", "USE_H0", "INTER_ONLY", "SPLIT_OPERANDS")
+_KEY_FLAGS = (
+    "VARLEN", "REVERSE", "HAS_DECAY", "STATE_ONLY", "SEG_IN", "USE_H0", "INTER_ONLY", "SPLIT_OPERANDS", "REV_STATES",
+)  # fmt: skip
 _DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
@@ -128,6 +132,8 @@ def ci_builds():
              for cc in ARCHS]
     jobs += [{"cc": cc, "dtype": "fp16", "DK": 64, "DV": 64, "flags": PRE_PASS_VARLEN, "which": "first"}
              for cc in ARCHS]
+    jobs += [{"cc": cc, "dtype": dt, "DK": 64, "DV": 64, "flags": flags} for cc in ARCHS for dt in ("bf16", "fp16")
+             for flags in (DQ_REVERSE_STATES, {**DQ_REVERSE_STATES, "SPLIT_OPERANDS": True})]  # fmt: skip
     jobs += [{"cc": 90, "dtype": "fp32", "DK": 48, "DV": 40, "flags": {"VARLEN": 1}, "which": "last"}]
     jobs += [{"cc": cc, "dtype": "fp32", "DK": d, "DV": d, "flags": FULL_FORWARD}
              for cc in ARCHS for d in (64, 128, 256)]  # fmt: skip
@@ -289,6 +295,15 @@ def test_walk_first_config_tile_width_on_an_h100():
 def test_backward_and_prepass_variants_compile(ci_builds, cc):
     check([r for r in ci_builds
            if r["kernel"] == "walk" and r["cc"] == cc and r["flags"] in (REVERSE_SEGMENTED, PRE_PASS_VARLEN)])
+
+
+@pytest.mark.parametrize("cc", ARCHS)
+def test_dq_walk_with_reverse_states_fits(ci_builds, cc):
+    """The K = 64 dq walk that also computes the reverse local states (an x tile per stage and a second state), 16-bit,
+    default and split precision: every configuration the dispatcher can pick, within the limit and the estimate."""
+    builds = [r for r in ci_builds if r["kernel"] == "walk" and r["cc"] == cc and r["flags"].get("REV_STATES")]
+    assert len({(r["dtype"], r["flags"].get("SPLIT_OPERANDS", False)) for r in builds}) == 4, builds
+    check(builds)
 
 
 @pytest.mark.parametrize("cc", ARCHS)

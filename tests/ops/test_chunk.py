@@ -69,6 +69,9 @@ CASES = [
     Case("segments-B2-nofinal-noh0", T=170, K=32, V=32, B=2, final=False, h0=False, decay="mixed", seg=48),
     Case("varlen-cpu-segments-nofinal", T=116, K=32, V=16, cu=(0, 0, 1, 16, 16, 116), cu_cpu=True, seg=32,
          final=False, h0=False),  # fmt: skip
+    # 16-bit segments: the dq walk also computes the reverse local states (each sequence's first only with dh0)
+    Case("varlen-cpu-segments-nofinal-bf16", T=116, K=48, V=16, cu=(0, 0, 1, 16, 16, 116), cu_cpu=True, seg=32,
+         final=False, h0=False, dtype=torch.bfloat16, decay="strong"),  # fmt: skip
     # the pre-pass on pieces of the segments (the scan composes them): with the final state and h0 (every piece,
     # ragged last one), and without (the forward skips the last segment's pieces, the reverse pass the first's)
     Case("pieces-B2-final-h0", T=150, K=32, V=48, B=2, decay="mixed", seg=64, piece=16),
@@ -305,6 +308,8 @@ INTER_CASES = [
     Case("inter-fp32-C32-T100", T=100, K=32, V=48, decay="mixed", H=3, scale=0.5),
     Case("inter-bf16-C64-T150", T=150, K=64, V=64, dtype=torch.bfloat16),
     Case("inter-fp32-C48-segments", T=150, K=16, V=32, seg=32, decay="strong"),
+    # 16-bit segments: the dq walk also computes the reverse local states, over chunks shorter than its tile
+    Case("inter-fp16-C48-segments", T=150, K=32, V=32, seg=48, decay="strong", dtype=torch.float16, h0=True),
     Case("inter-varlen-C16", T=60, K=16, V=16, cu=(0, 0, 1, 17, 60), cu_cpu=True, seg=16),
 ]
 

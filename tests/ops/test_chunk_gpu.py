@@ -61,6 +61,8 @@ REAL = [
     pytest.param(8, 8192, 8, 128, torch.bfloat16, "none", id="bf16-B8-T8K-H8-nodecay"),
     pytest.param(4, 4096, 16, 128, torch.float16, "tnl", id="fp16-B4-T4K-H16"),
     pytest.param(2, 3000, 4, 64, torch.float32, "strong", id="fp32-B2-T3000-K64-strong"),
+    # segmented at K = 64: the dq walk also computes the reverse local states
+    pytest.param(2, 32768, 4, 64, torch.bfloat16, "tnl", id="bf16-B2-T32K-H4-K64-segmented"),
 ]
 
 
@@ -89,13 +91,15 @@ def test_varlen_real_sizes_with_host_offsets():
 
 
 # every kind of launch sequence the dispatcher builds: the segmented path (pre-pass, scan, walks), the two-warpgroup
-# walk (bf16 K = 128 in segments, K = 256 whole), the fused dk/dv walk (K = 64's backward), fp16 and fp32 products,
+# walk (bf16 K = 128 in segments, K = 256 whole), the fused dk/dv walk (K = 64's backward; in segments after the dq
+# walk that computes the reverse local states), fp16 and fp32 products,
 # packed sequences, the split precision (through the Triton walk, and through the two-warpgroup walk in segments), the
 # recompute backward and a learned decay (its float32 backward and the slope's gradient)
 DETERMINISM = [
     pytest.param(1, 20000, 8, 128, torch.bfloat16, {"settings": {"gluon": False}}, id="bf16-K128-segmented"),
     pytest.param(2, 8192, 16, 128, torch.bfloat16, {}, id="bf16-K128-two-warpgroups-segmented"),
     pytest.param(8, 2048, 16, 64, torch.bfloat16, {"settings": {"fused_dkdv": True}}, id="bf16-K64-fused-dkdv"),
+    pytest.param(2, 16384, 16, 64, torch.bfloat16, {}, id="bf16-K64-segmented-reverse-states"),
     pytest.param(4, 2048, 16, 256, torch.bfloat16, {}, id="bf16-K256-two-warpgroups"),
     pytest.param(4, 3000, 8, 128, torch.float16, {}, id="fp16-K128"),
     pytest.param(2, 3000, 4, 64, torch.float32, {}, id="fp32-K64"),

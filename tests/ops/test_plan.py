@@ -211,6 +211,37 @@ def test_backward_reuses_the_forward_segment_states():
     assert without.count("lightning_attn segment scan") == 2 and with_states.count("lightning_attn segment scan") == 1
 
 
+def _reverse_prepasses(program) -> list:
+    """The reverse pre-passes of a program: state-only Triton walks and two-warpgroup pre-passes run backwards."""
+    return [
+        launch for launch in program.launches if launch.constexprs.get("REVERSE")
+        and (launch.constexprs.get("STATE_ONLY") or "pre-pass" in launch.launcher.name)
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("final_state", [False, True])
+def test_k64_dq_walk_computes_the_reverse_local_states(final_state):
+    """K = V = 64, 4 × 16K in segments: the backward is the dq walk (which also writes G's local states, every
+    segment's where dh0 is wanted, else all but each sequence's first), the scan, the fused dk/dv walk: no reverse
+    pre-pass. fp32 inputs and K = 128 (the Triton walk or two warpgroups) keep it."""
+    segments = plan.plan_segments(problem(B=4, T=16384, K=64, V=64)).total
+    p = problem(B=4, T=16384, K=64, V=64, backward=True, final_state=final_state, h0=final_state,
+                fwd_states=segments)  # fmt: skip
+    program = run.backward_program(p)
+    assert plan.dq_reverse_states(p, plan.plan_segments(p)) and segments > 4
+    dq, scan, dkdv = program.launches
+    assert dq.constexprs["REV_STATES"] and dq.constexprs["REV_ALL"] is final_state and not dq.constexprs["REVERSE"]
+    assert "scan" in scan.launcher.name and scan.constexprs["REVERSE"] and "dk/dv" in dkdv.launcher.name
+    assert not _reverse_prepasses(program)
+    for other in (dict(dtype=torch.float32), dict(K=128, V=128), dict(K=128, V=128, gluon=False)):
+        q = problem(**{"B": 4, "T": 16384, "K": 64, "V": 64, "backward": True, **other})
+        if plan.plan_segments(q).segmented:
+            assert len(_reverse_prepasses(run.backward_program(q))) == 1, other
+        assert not any(launch.constexprs.get("REV_STATES") for launch in run.backward_program(q).launches), other
+    assert not plan.dq_reverse_states(problem(B=8, T=8192, K=64, V=64), plan.plan_segments(problem(B=8, T=8192, K=64,
+                                                                                                V=64)))  # fmt: skip
+
+
 def test_settings_are_part_of_the_problem():
     """A setting changes the problem, hence the cached program: forcing segments adds the pre-pass and the scan."""
     whole = run.forward_program(problem(B=8, T=8192))

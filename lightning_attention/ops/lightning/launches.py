@@ -8,6 +8,7 @@ order of the launches of a pass is :mod:`~lightning_attention.ops.lightning.run`
 """
 
 import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -130,14 +131,29 @@ def _descriptor_scratch(b: ProgramBuilder, p: ChunkProblem, use_tma: bool) -> No
         b.call(ensure_allocator)
 
 
+@dataclass(frozen=True)
+class ReverseStates:
+    """What a forward segmented walk computes besides its own pass (``kernels/walk.py``, REV_STATES): the local states
+    ``states`` [NSEG, H, DK, DV] (a ref, through strides) of the reverse walk whose k is ``x`` [B, T, H, DV] and
+    whose v is the walk's q, times ``scale``; ``every_segment``: also each sequence's first segment (else zeros
+    there)."""
+
+    x: Ref
+    states: Ref
+    scale: float
+    every_segment: bool
+
+
 def walk_launch(
     b, p, q, k, v, o, *, slope, h0, ht, states, plan, T, H, scale_intra, scale_inter, scale_upd, reverse,
-    state_only, inter_chunk=0, skip_final=False,
+    state_only, inter_chunk=0, skip_final=False, reverse_states: ReverseStates | None = None,
 ):  # fmt: skip
     """One launch of the chunk walk. q, k: [B, T, H, DK]; v: [B, T, H, DV]; o: [B, T, H, DV] (or None with
     ``state_only``); h0/ht: [N, H, DK, DV] refs or None; states: [NSEG, H, DK, DV] ref or None.
     ``inter_chunk`` > 0: the inter-only mode with chunks of that many tokens (BT fixed, no intra-chunk term).
-    ``skip_final`` (with ``state_only``): the last segment of each sequence in walk order stores zeros unread."""
+    ``skip_final`` (with ``state_only``): the last segment of each sequence in walk order stores zeros unread.
+    ``reverse_states`` (a forward walk of a segmented plan, on the Triton walk: ``plan.dq_reverse_states``): the
+    reverse walk's local states, written in the same pass."""
     DK, DV = q.shape[-1], v.shape[-1]
     (o_,) = pointers(q, o)
     # tensor descriptors need whole chunks: not the inter-only mode, whose chunks are shorter than its tile
@@ -145,6 +161,8 @@ def walk_launch(
     _descriptor_scratch(b, p, use_tma)
     dot_prec, inter_prec, split = precisions(q.dtype, p.settings)
     if use_walk_ws(p, DK, DV, plan, inter_chunk, use_tma):
+        if reverse_states is not None:
+            raise ValueError("the two-warpgroup walk does not compute reverse local states (plan.dq_reverse_states)")
         if state_only:
             _two_warpgroup_prepass(
                 b, k, v, states, slope=slope, plan=plan, T=T, H=H, scale_upd=scale_upd, reverse=reverse,
@@ -159,10 +177,12 @@ def walk_launch(
     cu = _cu_seqlens(b, p) if plan.varlen == 1 else None
     table = None if plan.seg_table is None else _segment_table(b, plan)
     wave_count = waves(p, cdiv(DV, 64) * H * plan.total)
+    rev = reverse_states
+    x = v if rev is None else rev.x  # the stride group of an absent x: any [B, T, H, DV] tensor's (never read)
     args = (
-        q, k, v, o_, *pointers(q, slope, h0, ht, states, cu, table),
-        *token_strides(q, k, v, o_), _strides(h0), _strides(ht), _strides(states),
-        float(scale_intra), float(scale_inter), float(scale_upd),
+        q, k, v, o_, *pointers(q, slope, h0, ht, states, cu, table), x, *pointers(q, rev and rev.states),
+        *token_strides(q, k, v, o_, x), _strides(h0), _strides(ht), _strides(states), _strides(rev and rev.states),
+        float(scale_intra), float(scale_inter), float(scale_upd), float(rev.scale if rev else 1.0),
         T, H, plan.per_seq, plan.seg_len, inter_chunk if not state_only else 0,
         wave_count,
     )  # fmt: skip
@@ -182,6 +202,8 @@ def walk_launch(
         DOT_PREC=dot_prec,
         INTER_PREC=inter_prec,
         SPLIT_OPERANDS=split,
+        REV_STATES=rev is not None,
+        REV_ALL=rev is not None and rev.every_segment,
     )  # fmt: skip
     per_tile = H * plan.total
     if inter_chunk and not state_only:  # the inter-only walk: one configuration (the pre-pass does not chunk)
@@ -191,7 +213,7 @@ def walk_launch(
         return
     candidates = walk_candidates(
         DK, DV, q.element_size(), p.device.shared_per_block, state_only=state_only, tma=use_tma,
-        state_bytes=state_operand_bytes(inter_prec), pin=pin(p),
+        state_bytes=state_operand_bytes(inter_prec), pin=pin(p), rev_states=rev is not None,
     )  # fmt: skip
     key = tuned.table_key("walk", _dtype_name(q), {**constexprs, "WAVES": wave_count}, walk.AUTOTUNE_KEY)
     _launch_tuned(b, p, "walk", _WALK, candidates, per_tile, DV, args, constexprs, q, key)
@@ -364,6 +386,13 @@ def segmented_states(b, p, k, v, *, slope, h0, ht, plan, N, H, T, scale_upd, rev
     )  # fmt: skip
     _scan_launch(b, states, local, pieces, slope=slope, h0=h0, ht=ht, plan=plan, N=N, H=H, T=T, reverse=reverse)
     return states
+
+
+def scan_local_states(b, states, *, slope, h0, ht, plan, N, H, T, reverse):
+    """The scan alone, in place: ``states`` [NSEG, H, DK, DV] holds every segment's local state (written by a walk with
+    :class:`ReverseStates`) and becomes their incoming states; the final state into ``ht``."""
+    pieces = PrepassPieces.whole(plan, T)
+    _scan_launch(b, states, states, pieces, slope=slope, h0=h0, ht=ht, plan=plan, N=N, H=H, T=T, reverse=reverse)
 
 
 def _cu_seqlens(b: ProgramBuilder, p: ChunkProblem) -> Ref:

@@ -31,6 +31,7 @@ from lightning_attention.ops.lightning.kernels.configs import (
     use_dkdv_walk,
     walk_candidates,
     walk_programs_per_sm,
+    walk_tile,
 )
 from lightning_attention.settings import Settings
 
@@ -409,6 +410,21 @@ def use_fused_dkdv(problem: ChunkProblem, DK: int, DV: int, plan: "SegmentPlan |
         )  # fmt: skip
     state_bytes = state_operand_bytes(inter_precision(problem))
     return use_dkdv_walk(DK, DV, problem.q.element_size(), state_bytes, problem.device.shared_per_block)
+
+
+def dq_reverse_states(problem: ChunkProblem, plan: SegmentPlan) -> bool:
+    """Whether the backward's dq walk also computes the dk/dv walks' segment-local states (``kernels/walk.py``,
+    REV_STATES) in place of their pre-pass: a segmented plan whose dq walk is the Triton walk at head dims up to
+    :data:`BANDWIDTH_BOUND_DIM`, not for fp32 inputs. There the walk is bound by memory, and reading q once more (3/4
+    of a tensor pass at four segments per sequence) costs less than the pre-pass reading q and do again; the second
+    [K, BV] state is 32 registers per thread at 4 warps (201 -> 249-255 on sm_90). fp32's walk, three products per
+    product, already spills at K = 64 and would spill four times as much; the two-warpgroup walk (K = 128 and 256)
+    has no room for a second state (docs/kernels.md, "The dq walk's reverse states")."""
+    _, _, _, K, V = problem.shape
+    return (
+        plan.segmented and problem.dtype != torch.float32 and max(walk_tile(K), walk_tile(V)) <= BANDWIDTH_BOUND_DIM
+        and not walk_ws_shape(problem, V, K)
+    )  # fmt: skip
 
 
 def use_recompute_backward(mode: str, device: DeviceInfo) -> bool:

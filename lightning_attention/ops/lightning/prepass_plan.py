@@ -45,6 +45,11 @@ class PrepassPieces:
     count: int
     first: int
 
+    @classmethod
+    def whole(cls, plan: SegmentPlan, T: int) -> "PrepassPieces":
+        """The walk's own segments, every one of them (the local states in place in the segment-state buffer)."""
+        return cls(1, plan.seg_len, 0, T, plan.per_seq, 0)
+
 
 def _fewest_pieces(seg_len: int, programs: int, target: float, min_piece: int) -> int:
     """The fewest pieces per segment whose ``programs`` × pieces reach ``target``, else the most there are: pieces of at
@@ -116,7 +121,7 @@ def prepass_pieces(problem: ChunkProblem, plan: SegmentPlan, skip_final: bool, r
                 slots = PREPASS_PROGRAMS_PER_SM * problem.device.sm_count
                 split = prepass_split(plan.seg_len, walked * H, slots, min_piece)
     if split == 1:
-        return PrepassPieces(1, plan.seg_len, 0, T, plan.per_seq, 0)
+        return PrepassPieces.whole(plan, T)
     piece = plan.seg_len // split
     lo = plan.seg_len if skip_final and reverse else 0
     hi = (plan.per_seq - 1) * plan.seg_len if skip_final and not reverse else T

@@ -27,11 +27,19 @@ import torch
 from lightning_attention import settings
 from lightning_attention.ops.lightning.compile_ahead import compile_together
 from lightning_attention.ops.lightning.device import device_info
-from lightning_attention.ops.lightning.launches import dkdv_launch, forget_autotuned, segmented_states, walk_launch
+from lightning_attention.ops.lightning.launches import (
+    ReverseStates,
+    dkdv_launch,
+    forget_autotuned,
+    scan_local_states,
+    segmented_states,
+    walk_launch,
+)
 from lightning_attention.ops.lightning.naive import compute_dtype
 from lightning_attention.ops.lightning.plan import (
     ChunkProblem,
     TensorSpec,
+    dq_reverse_states,
     plan_segments,
     use_fused_dkdv,
 )
@@ -105,19 +113,28 @@ def backward_program(p: ChunkProblem) -> Program:
         states = segmented_states(
             b, p, v, k, slope=slope, h0=h0t, ht=None, plan=plan, N=N, H=H, T=T, scale_upd=1.0, reverse=False
         )
+    # reverse time: G_t = λ G_{t+1} + scale · q_tᵀ do_t, G_{T-1} = dht + scale · q_{T-1}ᵀ do_{T-1}
+    # dv_t = k_t G_t (walk of (k, q, do)); dk_t = v_t G_tᵀ (walk of (v, do, q) with Gᵀ); dh0 = λ G_0.
+    # Segmented, the local states of G come from the dq walk, which reads do already (plan.dq_reverse_states), or
+    # from a pre-pass over (q, do)
+    g_states = g_states_t = rev = None
+    if plan.segmented and dq_reverse_states(p, plan):
+        g_states = b.alloc((plan.total, H, K, V), compute_dtype(p.dtype))
+        rev = ReverseStates(q, g_states.transposed(), scale, every_segment=dh0 is not None)
     walk_launch(
         b, p, do, v, k, dq, slope=slope, h0=h0t, ht=None, states=states, plan=plan, T=T, H=H,
         scale_intra=scale, scale_inter=scale, scale_upd=1.0, reverse=False, state_only=False, inter_chunk=inter_chunk,
+        reverse_states=rev,
     )  # fmt: skip
 
-    # reverse time: G_t = λ G_{t+1} + scale · q_tᵀ do_t, G_{T-1} = dht + scale · q_{T-1}ᵀ do_{T-1}
-    # dv_t = k_t G_t (walk of (k, q, do)); dk_t = v_t G_tᵀ (walk of (v, do, q) with Gᵀ); dh0 = λ G_0
     dht_t = None if dht is None else dht.transposed()
-    g_states = g_states_t = None
-    if plan.segmented:
+    if rev is not None:
+        scan_local_states(b, g_states, slope=slope, h0=dht, ht=dh0, plan=plan, N=N, H=H, T=T, reverse=True)
+    elif plan.segmented:
         g_states = segmented_states(
             b, p, q, do, slope=slope, h0=dht, ht=dh0, plan=plan, N=N, H=H, T=T, scale_upd=scale, reverse=True
         )
+    if g_states is not None:
         g_states_t = g_states.transposed()
     if use_fused_dkdv(p, K, V, plan):
         dkdv_launch(

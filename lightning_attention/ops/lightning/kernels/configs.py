@@ -148,7 +148,7 @@ def tma_store_bytes(BT: int, BV: int, elem_bytes: int) -> int:
 
 def estimate_shared_bytes(
     BT: int, BK: int, BV: int, num_stages: int, elem_bytes: int, inter_only: bool = False, tma: bool = False,
-    state_bytes: int = 4, state_only: bool = False,
+    state_bytes: int = 4, state_only: bool = False, rev_states: bool = False,
 ) -> int:  # fmt: skip
     """An upper estimate of the shared memory of one walk program, fitted to the compiler's numbers on sm_90 (the
     arch that stages the most operands in shared memory; sm_80/120 builds of the same config use as much or less).
@@ -166,10 +166,14 @@ def estimate_shared_bytes(
     :func:`tma_walk_bytes` plus :func:`split_fp32_bytes`, which every configuration of the space compiles within on
     sm_80, sm_90 and sm_120 at K = 64, 128 and 256 (the terms above, fitted to 16-bit builds, overstate these walks:
     at K = 256 on sm_90 they ruled out every 64-wide tile).
+
+    ``rev_states``: the walk also reads an x tile [BT, BV] per chunk for the reverse local states (REV_STATES),
+    through pointers: one more per stage.
     """
+    x_tiles = max(1, num_stages) * BT * BV * elem_bytes if rev_states else 0
     if elem_bytes >= 4 and not inter_only:
         descriptor_tiles = tma_walk_bytes(BT, BK, BV, num_stages, elem_bytes, state_bytes)
-        return descriptor_tiles + split_fp32_bytes(BT, BK, BV, elem_bytes)
+        return descriptor_tiles + split_fp32_bytes(BT, BK, BV, elem_bytes) + x_tiles
     qk = 2 * BT * BK * elem_bytes
     if num_stages < 2:
         qk //= 2
@@ -183,7 +187,7 @@ def estimate_shared_bytes(
     if tma and not inter_only:
         estimate += tma_store_bytes(BT, BV, elem_bytes)
         estimate = max(estimate, tma_walk_bytes(BT, BK, BV, num_stages, elem_bytes, state_bytes))
-    return estimate
+    return estimate + x_tiles
 
 
 def split_fp32_bytes(BT: int, BK: int, BV: int, elem_bytes: int) -> int:
@@ -250,7 +254,7 @@ def _preferred_first(configs, BK: int, tma: bool = False) -> list:
 
 def select_configs(
     configs, DK: int, DV: int, elem_bytes: int, limit: int | None, max_configs: int = MAX_TUNED,
-    prefer: bool = False, tma: bool = False, state_bytes: int = 4, state_only: bool = False,
+    prefer: bool = False, tma: bool = False, state_bytes: int = 4, state_only: bool = False, rev_states: bool = False,
 ) -> list[triton.Config]:  # fmt: skip
     """Clamp BV to the walk's value tile, drop duplicates and what would not fit in ``limit`` bytes of shared memory
     (None: no limit known), and keep the first ``max_configs`` (the order of the space is the order of preference;
@@ -273,7 +277,7 @@ def select_configs(
             continue
         seen.add(key)
         estimate = estimate_shared_bytes(BT, BK, BV, cfg.num_stages, elem_bytes, tma=tma, state_bytes=state_bytes,
-                                         state_only=state_only)  # fmt: skip
+                                         state_only=state_only, rev_states=rev_states)  # fmt: skip
         if limit is not None and estimate > limit:
             continue
         config = walk_config({"BT": BT, "BV": BV}, cfg.num_warps, cfg.num_stages)
@@ -295,21 +299,22 @@ def select_configs(
 @functools.lru_cache(maxsize=1024)
 def walk_candidates(
     DK: int, DV: int, elem_bytes: int, limit: int | None, *, state_only: bool, tma: bool, state_bytes: int,
-    pin: tuple[int, int, int, int] | None = None,
+    pin: tuple[int, int, int, int] | None = None, rev_states: bool = False,
 ) -> tuple[triton.Config, ...]:  # fmt: skip
     """The configurations a walk launch may run, best first: the one selector, asked by the plan (the entry that
     holds fewest programs per SM sets the occupancy the segment plan counts with; the autotuner times them all).
 
     ``state_only``: the segment pre-pass (its own space, no head-dim preference). ``limit``: the device's shared
-    memory per block. ``pin``: (BT, BV, num_warps, num_stages) to run instead of the space (still clamped and
-    checked like a tuned one); float32 inputs take only the first candidate (:data:`MAX_TUNED_FP32`).
+    memory per block. ``rev_states``: the walk also computes reverse local states (more shared memory). ``pin``:
+    (BT, BV, num_warps, num_stages) to run instead of the space (still clamped and checked like a tuned one); float32
+    inputs take only the first candidate (:data:`MAX_TUNED_FP32`).
     """
     shapes = (pin,) if pin is not None else _STATE_SPACE if state_only else _SPACE
     max_configs = MAX_TUNED_FP32 if elem_bytes >= 4 else MAX_TUNED
     return tuple(
         select_configs(
             _space(shapes), DK, DV, elem_bytes, limit, max_configs, prefer=not state_only and pin is None, tma=tma,
-            state_bytes=state_bytes, state_only=state_only,
+            state_bytes=state_bytes, state_only=state_only, rev_states=rev_states,
         )
     )  # fmt: skip
 

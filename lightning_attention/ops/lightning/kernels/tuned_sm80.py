@@ -10,45 +10,80 @@ entry for sm_80. Written by ``python benchmarks/tune_table.py --first-candidates
 MEASURED = False  # timed on a GPU of this architecture (False: the selector's first candidates)
 
 # key: (kind, dtype, INTER_PREC, *the kernel's autotuning key): walk ('DK', 'DV', 'VARLEN', 'REVERSE', 'HAS_DECAY',
-# 'STATE_ONLY', 'SEG_IN', 'USE_H0', 'INTER_ONLY', 'USE_TMA', 'WAVES', 'SPLIT_OPERANDS'), dk/dv walk ('DK', 'DV',
-# 'VARLEN', 'HAS_DECAY', 'SEG_IN', 'USE_H0', 'INTER_ONLY'); value: (BT, BV, num_warps, num_stages)
+# 'STATE_ONLY', 'SEG_IN', 'USE_H0', 'INTER_ONLY', 'USE_TMA', 'WAVES', 'SPLIT_OPERANDS', 'REV_STATES'), dk/dv walk
+# ('DK', 'DV', 'VARLEN', 'HAS_DECAY', 'SEG_IN', 'USE_H0', 'INTER_ONLY', 'USE_TMA'); value: (BT, BV, num_warps,
+# num_stages)
 CONFIGS: dict[tuple, tuple[int, int, int, int]] = {
-    ('walk', 'bfloat16', 'input', 128, 128, 0, False, True, False, False, False, False, False, 1, False):
+    ('walk', 'bfloat16', 'input', 128, 128, 0, False, True, False, False, False, False, False, 1, False, False):
         (64, 64, 4, 3),
-    ('walk', 'bfloat16', 'input', 128, 128, 0, False, True, False, False, False, False, False, 2, False):
+    ('walk', 'bfloat16', 'input', 128, 128, 0, False, True, False, False, False, False, False, 2, False, False):
         (64, 64, 4, 3),
-    ('walk', 'bfloat16', 'input', 128, 128, 0, False, True, False, True, False, False, False, 1, False): (64, 64, 4, 3),
-    ('walk', 'bfloat16', 'input', 128, 128, 0, False, True, False, True, False, False, False, 2, False): (64, 64, 4, 3),
-    ('walk', 'bfloat16', 'input', 128, 128, 0, False, True, True, False, False, False, False, 1, False): (64, 64, 4, 3),
-    ('walk', 'bfloat16', 'input', 128, 128, 0, False, True, True, False, False, False, False, 2, False): (64, 64, 4, 3),
-    ('walk', 'bfloat16', 'input', 128, 128, 0, True, True, False, False, False, False, False, 1, False): (64, 64, 4, 3),
-    ('walk', 'bfloat16', 'input', 128, 128, 0, True, True, False, False, False, False, False, 2, False): (64, 64, 4, 3),
-    ('walk', 'bfloat16', 'input', 128, 128, 0, True, True, False, True, False, False, False, 1, False): (64, 64, 4, 3),
-    ('walk', 'bfloat16', 'input', 128, 128, 0, True, True, False, True, False, False, False, 2, False): (64, 64, 4, 3),
-    ('walk', 'bfloat16', 'input', 128, 128, 0, True, True, True, False, False, False, False, 1, False): (64, 64, 4, 3),
-    ('walk', 'bfloat16', 'input', 128, 128, 0, True, True, True, False, False, False, False, 2, False): (64, 64, 4, 3),
-    ('walk', 'bfloat16', 'split', 128, 128, 0, False, True, False, False, False, False, False, 1, True): (64, 64, 4, 3),
-    ('walk', 'bfloat16', 'split', 128, 128, 0, False, True, False, False, False, False, False, 2, True): (64, 64, 4, 3),
-    ('walk', 'bfloat16', 'split', 128, 128, 0, False, True, False, True, False, False, False, 1, True): (64, 64, 4, 3),
-    ('walk', 'bfloat16', 'split', 128, 128, 0, False, True, False, True, False, False, False, 2, True): (64, 64, 4, 3),
-    ('walk', 'bfloat16', 'split', 128, 128, 0, False, True, True, False, False, False, False, 1, True): (64, 64, 4, 3),
-    ('walk', 'bfloat16', 'split', 128, 128, 0, False, True, True, False, False, False, False, 2, True): (64, 64, 4, 3),
-    ('walk', 'bfloat16', 'split', 128, 128, 0, True, True, False, False, False, False, False, 1, True): (64, 64, 4, 3),
-    ('walk', 'bfloat16', 'split', 128, 128, 0, True, True, False, False, False, False, False, 2, True): (64, 64, 4, 3),
-    ('walk', 'bfloat16', 'split', 128, 128, 0, True, True, False, True, False, False, False, 1, True): (64, 64, 4, 3),
-    ('walk', 'bfloat16', 'split', 128, 128, 0, True, True, False, True, False, False, False, 2, True): (64, 64, 4, 3),
-    ('walk', 'bfloat16', 'split', 128, 128, 0, True, True, True, False, False, False, False, 1, True): (64, 64, 4, 3),
-    ('walk', 'bfloat16', 'split', 128, 128, 0, True, True, True, False, False, False, False, 2, True): (64, 64, 4, 3),
-    ('walk', 'float16', 'tf32', 128, 128, 0, False, True, False, False, False, False, False, 1, False): (64, 64, 4, 3),
-    ('walk', 'float16', 'tf32', 128, 128, 0, False, True, False, False, False, False, False, 2, False): (64, 64, 4, 3),
-    ('walk', 'float16', 'tf32', 128, 128, 0, False, True, False, True, False, False, False, 1, False): (64, 64, 4, 3),
-    ('walk', 'float16', 'tf32', 128, 128, 0, False, True, False, True, False, False, False, 2, False): (64, 64, 4, 3),
-    ('walk', 'float16', 'tf32', 128, 128, 0, False, True, True, False, False, False, False, 1, False): (64, 64, 4, 3),
-    ('walk', 'float16', 'tf32', 128, 128, 0, False, True, True, False, False, False, False, 2, False): (64, 64, 4, 3),
-    ('walk', 'float16', 'tf32', 128, 128, 0, True, True, False, False, False, False, False, 1, False): (64, 64, 4, 3),
-    ('walk', 'float16', 'tf32', 128, 128, 0, True, True, False, False, False, False, False, 2, False): (64, 64, 4, 3),
-    ('walk', 'float16', 'tf32', 128, 128, 0, True, True, False, True, False, False, False, 1, False): (64, 64, 4, 3),
-    ('walk', 'float16', 'tf32', 128, 128, 0, True, True, False, True, False, False, False, 2, False): (64, 64, 4, 3),
-    ('walk', 'float16', 'tf32', 128, 128, 0, True, True, True, False, False, False, False, 1, False): (64, 64, 4, 3),
-    ('walk', 'float16', 'tf32', 128, 128, 0, True, True, True, False, False, False, False, 2, False): (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'input', 128, 128, 0, False, True, False, True, False, False, False, 1, False, False):
+        (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'input', 128, 128, 0, False, True, False, True, False, False, False, 2, False, False):
+        (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'input', 128, 128, 0, False, True, True, False, False, False, False, 1, False, False):
+        (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'input', 128, 128, 0, False, True, True, False, False, False, False, 2, False, False):
+        (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'input', 128, 128, 0, True, True, False, False, False, False, False, 1, False, False):
+        (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'input', 128, 128, 0, True, True, False, False, False, False, False, 2, False, False):
+        (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'input', 128, 128, 0, True, True, False, True, False, False, False, 1, False, False):
+        (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'input', 128, 128, 0, True, True, False, True, False, False, False, 2, False, False):
+        (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'input', 128, 128, 0, True, True, True, False, False, False, False, 1, False, False):
+        (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'input', 128, 128, 0, True, True, True, False, False, False, False, 2, False, False):
+        (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'split', 128, 128, 0, False, True, False, False, False, False, False, 1, True, False):
+        (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'split', 128, 128, 0, False, True, False, False, False, False, False, 2, True, False):
+        (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'split', 128, 128, 0, False, True, False, True, False, False, False, 1, True, False):
+        (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'split', 128, 128, 0, False, True, False, True, False, False, False, 2, True, False):
+        (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'split', 128, 128, 0, False, True, True, False, False, False, False, 1, True, False):
+        (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'split', 128, 128, 0, False, True, True, False, False, False, False, 2, True, False):
+        (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'split', 128, 128, 0, True, True, False, False, False, False, False, 1, True, False):
+        (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'split', 128, 128, 0, True, True, False, False, False, False, False, 2, True, False):
+        (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'split', 128, 128, 0, True, True, False, True, False, False, False, 1, True, False):
+        (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'split', 128, 128, 0, True, True, False, True, False, False, False, 2, True, False):
+        (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'split', 128, 128, 0, True, True, True, False, False, False, False, 1, True, False):
+        (64, 64, 4, 3),
+    ('walk', 'bfloat16', 'split', 128, 128, 0, True, True, True, False, False, False, False, 2, True, False):
+        (64, 64, 4, 3),
+    ('walk', 'float16', 'tf32', 128, 128, 0, False, True, False, False, False, False, False, 1, False, False):
+        (64, 64, 4, 3),
+    ('walk', 'float16', 'tf32', 128, 128, 0, False, True, False, False, False, False, False, 2, False, False):
+        (64, 64, 4, 3),
+    ('walk', 'float16', 'tf32', 128, 128, 0, False, True, False, True, False, False, False, 1, False, False):
+        (64, 64, 4, 3),
+    ('walk', 'float16', 'tf32', 128, 128, 0, False, True, False, True, False, False, False, 2, False, False):
+        (64, 64, 4, 3),
+    ('walk', 'float16', 'tf32', 128, 128, 0, False, True, True, False, False, False, False, 1, False, False):
+        (64, 64, 4, 3),
+    ('walk', 'float16', 'tf32', 128, 128, 0, False, True, True, False, False, False, False, 2, False, False):
+        (64, 64, 4, 3),
+    ('walk', 'float16', 'tf32', 128, 128, 0, True, True, False, False, False, False, False, 1, False, False):
+        (64, 64, 4, 3),
+    ('walk', 'float16', 'tf32', 128, 128, 0, True, True, False, False, False, False, False, 2, False, False):
+        (64, 64, 4, 3),
+    ('walk', 'float16', 'tf32', 128, 128, 0, True, True, False, True, False, False, False, 1, False, False):
+        (64, 64, 4, 3),
+    ('walk', 'float16', 'tf32', 128, 128, 0, True, True, False, True, False, False, False, 2, False, False):
+        (64, 64, 4, 3),
+    ('walk', 'float16', 'tf32', 128, 128, 0, True, True, True, False, False, False, False, 1, False, False):
+        (64, 64, 4, 3),
+    ('walk', 'float16', 'tf32', 128, 128, 0, True, True, True, False, False, False, False, 2, False, False):
+        (64, 64, 4, 3),
 }

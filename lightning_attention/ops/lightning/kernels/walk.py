@@ -25,6 +25,13 @@ scale q_tᵀ do_t with G_{T-1} = dht + scale q_{T-1}ᵀ do_{T-1}, i.e. the incom
 token. The kernel carries an exponent offset ``d0`` (0 until the first chunk of a reverse walk that starts from dht,
 then 1) instead of dividing anything by λ.
 
+REV_STATES (a forward walk over segments) also writes, per segment, the local state of a reverse walk whose k is
+``x`` [B, T, H, DV] and whose v is q: R = scale_rev · Σ_{t in segment} λ^(t - bos) q_tᵀ x_t [DK, DV] into ``rstates``,
+through strides. The backward's dq walk, whose q is do, gets with x = q the transposed local states Gᵀ of the dk/dv
+walks, so their scan needs no pre-pass reading q and do a second time (docs/kernels.md, "The dq walk's reverse
+states"). Without REV_ALL each sequence's first segment stores zeros and reads no x: its reverse local state only
+feeds dh0.
+
 STATE_ONLY turns the walk into the segment pre-pass: no q, no o, the segment-local state (from zeros) is written to
 the segment-state buffer. :func:`.scan.lightning_scan_kernel` turns those local states into incoming states. With
 SKIP_FINAL (no final state wanted) the last segment of each sequence in walk order writes zeros without reading
@@ -200,6 +207,21 @@ def weighted_rows(b_x, w, ACC: tl.constexpr):
 
 
 @triton.jit
+def decayed_outer(b_a, b_b, w, HAS_DECAY: tl.constexpr, SPLIT: tl.constexpr, ACC: tl.constexpr,
+                  DOT_PREC: tl.constexpr):  # fmt: skip
+    """Aᵀ · diag(w) B [DA, DB] for [BT, DA] and [BT, DB] tiles and row weights w [BT] (fp32): the state update's
+    product, the weights on B's rows; with SPLIT the weighted B enters as two halves (:func:`split_halves`), else
+    rounded to B's dtype. Without HAS_DECAY, w is not used."""
+    if HAS_DECAY and SPLIT:  # the decayed rows as two halves (b itself is exact in its dtype)
+        b_hi, b_lo = split_halves(b_b.to(ACC) * w[:, None], b_b.dtype)
+        return tl.dot(tl.trans(b_a), b_lo, tl.dot(tl.trans(b_a), b_hi, out_dtype=ACC), out_dtype=ACC)
+    elif HAS_DECAY:
+        return tl.dot(tl.trans(b_a), weighted_rows(b_b, w, ACC), out_dtype=ACC, input_precision=DOT_PREC)
+    else:
+        return tl.dot(tl.trans(b_a), b_b, out_dtype=ACC, input_precision=DOT_PREC)
+
+
+@triton.jit
 def split_halves(x, DT: tl.constexpr):
     """An fp32 tile as two dot operands of dtype DT, hi = DT(x) and lo = DT(x - hi): hi + lo carries twice DT's
     significand bits, so a product with an exact DT operand (the inputs) loses no more than fp32 operands would
@@ -284,11 +306,14 @@ def _walk_kernel(
     states,  # [NSEG, H, DK, DV] segment-state buffer (SEG_IN: incoming, read; STATE_ONLY: local, written)
     cu_seqlens,  # [N + 1] (VARLEN 1)
     seg_table,  # [NSEG, 4] int32 (VARLEN 2)
-    sq, sk, sv, so,  # strides (batch, token, head) of q, k, v, o
-    sh0, sht, sst,  # strides (slot, head, row, column) of h0, ht, states
+    x,  # [B, T, H, DV] the reverse walk's k (REV_STATES)
+    rstates,  # [NSEG, H, DK, DV] through strides: the reverse walk's local states, written (REV_STATES)
+    sq, sk, sv, so, sx,  # strides (batch, token, head) of q, k, v, o, x
+    sh0, sht, sst, srs,  # strides (slot, head, row, column) of h0, ht, states, rstates
     scale_intra,  # multiplies the intra-chunk term
     scale_inter,  # multiplies the term read from the incoming state
     scale_upd,  # multiplies k_tᵀ v_t in the state update
+    scale_rev,  # multiplies the reverse local states (REV_STATES)
     T, H, NS, SEG,
     CS,  # tokens per chunk when > 0 (the inter-only mode, any multiple of 16 <= BT), else BT
     WAVES,  # 1: the grid fits the GPU at one program per SM, else 2; unused here: a key of the autotuner
@@ -310,6 +335,8 @@ def _walk_kernel(
     INTER_PREC: tl.constexpr,  # (q·λ)·S: "tf32x3" (fp32 inputs), "ieee" (fp64), "tf32" (fp32 operands), "input" (bf16),
     # "split" (S as two bf16 halves), "bf16x3" (fp16 q and S as bf16 halves)
     SPLIT_OPERANDS: tl.constexpr,  # the fp32 scores and decayed values enter their products as two halves
+    REV_STATES: tl.constexpr,  # also the reverse walk's segment-local states (a forward walk, not STATE_ONLY)
+    REV_ALL: tl.constexpr,  # REV_STATES for every segment (else each sequence's first stores zeros)
 ):
     # grid: one program per (V tile, head, segment), V tile fastest so the programs that share a (segment, head)
     # run side by side and read its q/k tiles through L2 once
@@ -339,6 +366,11 @@ def _walk_kernel(
         b_s = load_state(states, i_s, sst, i_h, o_k, o_v, m_kv, ACC)
     elif USE_H0:
         b_s = load_state(h0, i_n, sh0, i_h, o_k, o_v, m_kv, ACC)
+
+    if REV_STATES:
+        b_r = tl.zeros([BK, BV], dtype=ACC)
+        # each sequence's first segment: no x read (the masks) and zeros stored, unless dh0 is wanted
+        x_wanted = REV_ALL or not first
 
     # exponent offset of the incoming state: 1 (S_{-1} is decayed before token 0), except a reverse walk starting
     # from dht, where G_{T-1} = dht + ... (no decay); it becomes 1 after the first chunk
@@ -402,20 +434,28 @@ def _walk_kernel(
                     row_tile(o, so, i_b, i_h, rows, o_v), b_o.to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :]
                 )
 
+            if REV_STATES:
+                # R += λ^(lo-bos) · qᵀ (λ^r x): the chunk's terms decayed to its first token, then to the segment's
+                # (every exponent >= 0); x through pointers and masks, so the skipped segments read nothing
+                b_x = load_rows(x, sx, i_b, i_h, rows, o_v, m_t & x_wanted, m_v)
+                if HAS_DECAY:
+                    b_rc = decayed_outer(b_q, b_x, inter_decay(c, r, 0, m_t, ACC), True, SPLIT_OPERANDS, ACC, DOT_PREC)
+                    b_r = b_r + tl.exp2(-c * (lo - bos).to(ACC)) * b_rc
+                else:
+                    b_r = b_r + decayed_outer(b_q, b_x, None, False, SPLIT_OPERANDS, ACC, DOT_PREC)
+
         # state update: S = λ^(L-1+d0) S + scale_upd · Kᵀ (λ^(L-1-r) V), operands in the input dtype (the row factor
         # on the [BT, BV] v tile, the smaller operand)
-        if HAS_DECAY and SPLIT_OPERANDS:  # the decayed values as two halves (v itself is exact in its dtype)
-            vd_hi, vd_lo = split_halves(b_v.to(ACC) * k_dec[:, None], b_v.dtype)
-            b_upd = tl.dot(tl.trans(b_k), vd_hi, out_dtype=ACC)
-            b_s = b_s * blk_dec + scale_upd * tl.dot(tl.trans(b_k), vd_lo, b_upd, out_dtype=ACC)
-        elif HAS_DECAY:
-            b_vd = weighted_rows(b_v, k_dec, ACC)
-            b_s = b_s * blk_dec + scale_upd * tl.dot(tl.trans(b_k), b_vd, out_dtype=ACC, input_precision=DOT_PREC)
+        if HAS_DECAY:
+            b_s = b_s * blk_dec + scale_upd * decayed_outer(b_k, b_v, k_dec, True, SPLIT_OPERANDS, ACC, DOT_PREC)
         else:
-            b_s = b_s + scale_upd * tl.dot(tl.trans(b_k), b_v, out_dtype=ACC, input_precision=DOT_PREC)
+            b_s = b_s + scale_upd * decayed_outer(b_k, b_v, None, False, SPLIT_OPERANDS, ACC, DOT_PREC)
         if REVERSE:
             d0 = d0 * 0 + 1
 
+    if REV_STATES:
+        b_r = tl.where(x_wanted, b_r * scale_rev, 0.0)
+        tl.store(state_tile(rstates, i_s, srs, i_h, o_k, o_v), b_r.to(rstates.dtype.element_ty), mask=m_kv)
     if STATE_ONLY:
         p_seg = state_tile(states, i_s, sst, i_h, o_k, o_v)
         tl.store(p_seg, b_s.to(states.dtype.element_ty), mask=m_kv)
@@ -433,7 +473,7 @@ AUTOTUNE_CACHE = {"cache_results": True} if "cache_results" in inspect.signature
 # may want different stages), so the two are tuned apart; the rest of the shape (T, batch) is left out of the key
 AUTOTUNE_KEY = [
     "DK", "DV", "VARLEN", "REVERSE", "HAS_DECAY", "STATE_ONLY", "SEG_IN", "USE_H0", "INTER_ONLY", "USE_TMA", "WAVES",
-    "SPLIT_OPERANDS",
+    "SPLIT_OPERANDS", "REV_STATES",
 ]  # fmt: skip
 
 # the plain kernel: launched with one configuration passed explicitly (a pin, float32, the inter-only mode)
