@@ -5,12 +5,13 @@ A variant is ``NAME`` (the settings as they are) or ``NAME:SETTING=VALUE[+SETTIN
 ``lightning_attention`` package (e.g. ``git archive <commit> lightning_attention | tar x -C TREE``, or a copy with
 one change), put first on the variant's ``PYTHONPATH``; each variant records the digest of the package it ran
 (``bench.machine.source_digest``). ``--rounds 2`` runs the variants again in the opposite order, so that a drift of
-the GPU's clock over the call does not favour one side. Per variant and shape (bf16, H = 16, TNL slopes,
-``timed_calls.make_problem``): the forward and the forward + backward as CUDA-graph replays (``timed_calls.graph_ms``)
-and the fwd+bwd's kernels in launch order with their CUDA time; once per variant, at ``--check-shape``, the relative L2
-error of o, dq, dk and dv against float64 and that error over the float64 result's own rounding to bf16 (1.0: the
-rounding floor). ``ratios`` divides every variant's times by the first variant's of the same round. It makes kernel
-A/B comparisons (docs/kernels.md) reproducible where ``chunk_profile.py --set`` shows one variant at a time.
+the GPU's clock over the call does not favour one side. Per variant and shape (bf16, or ``--dtype float16``; H = 16,
+TNL slopes, ``timed_calls.make_problem``): the forward and the forward + backward as CUDA-graph replays
+(``timed_calls.graph_ms``) and the fwd+bwd's kernels in launch order with their CUDA time; once per variant, at
+``--check-shape``, the relative L2 error of o, dq, dk and dv against float64 and that error over the float64 result's
+own rounding to the inputs' dtype (1.0: the rounding floor). ``ratios`` divides every variant's times by the first
+variant's of the same round. It makes kernel A/B comparisons (docs/kernels.md) reproducible where ``chunk_profile.py
+--set`` shows one variant at a time.
 
     python benchmarks/settings_ab.py --shapes 64x1024,8x8192,2x32768,1x65536 --variant default \\
         --variant split:precision=split --variant split-triton-walk:precision=split+gluon=0 --out ab.json
@@ -68,12 +69,12 @@ def rounds_order(count: int, rounds: int) -> list[tuple[int, int]]:
     return order
 
 
-def check(shape: str) -> dict:
+def check(shape: str, dtype: torch.dtype) -> dict:
     """Relative L2 errors of o, dq, dk, dv against float64 at ``shape``, and each over the rounding floor."""
     from lightning_attention.utils.testing import error_over_rounding_floor, relative_error
 
     B, T, D = parse_shape(shape)
-    p = make_problem(B, T, D=D, seed=1)
+    p = make_problem(B, T, D=D, dtype=dtype, seed=1)
     o, _ = lightning_attn(p.q, p.k, p.v, p.slope)
     got = (o, *torch.autograd.grad(o, (p.q, p.k, p.v), p.do))
     ref = float64_reference(p.q, p.k, p.v, p.do, p.slope)
@@ -84,15 +85,15 @@ def check(shape: str) -> dict:
     }
 
 
-def measure(shapes: list[str], check_shape: str) -> dict:
+def measure(shapes: list[str], check_shape: str, dtype: torch.dtype) -> dict:
     """One variant (the settings in force, the package imported): the package's digest, its check, then per shape the
-    replayed times and the fwd+bwd's kernels."""
+    replayed times and the fwd+bwd's kernels, on inputs of ``dtype``."""
     from lightning_attention.bench.machine import source_digest
 
-    result = {"source": source_digest(), "check": check(check_shape), "points": []}
+    result = {"source": source_digest(), "check": check(check_shape, dtype), "points": []}
     for shape in shapes:
         B, T, D = parse_shape(shape)
-        p = make_problem(B, T, D=D)
+        p = make_problem(B, T, D=D, dtype=dtype)
         result["points"].append({
             "shape": shape, "fwd_graph_ms": graph_ms(p.fwd), "fwdbwd_graph_ms": graph_ms(p.fwd_bwd),
             "kernels": profiled_kernels(p.fwd_bwd, 3)[-1],
@@ -126,6 +127,7 @@ def main() -> int:
                         help="repeatable; the first is the one the others are divided by")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=1, help="runs of every variant, in alternating order")
     parser.add_argument("--check-shape", default="8x2048", help="BxT[xD] of the float64 check")
+    parser.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16", help="the inputs' dtype")
     parser.add_argument("--out", default=None, help="write the JSON here")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one variant's measurement
     args = parser.parse_args()
@@ -140,12 +142,12 @@ def main() -> int:
         parser.error("needs a CUDA GPU")
     if args.child:
         with settings.override(**changes[0]):
-            print(json.dumps(measure(args.shapes.split(","), args.check_shape)))
+            print(json.dumps(measure(args.shapes.split(","), args.check_shape, getattr(torch, args.dtype))))
         return 0
     results = []
     for round_, i in rounds_order(len(variants), args.rounds):
         (name, items, tree), variant = variants[i], texts[i]
-        argv = ["--shapes", args.shapes, "--check-shape", args.check_shape, "--variant", variant]
+        argv = ["--shapes", args.shapes, "--check-shape", args.check_shape, "--dtype", args.dtype, "--variant", variant]
         (run,) = child_runs(__file__, argv, 1, envs[i])
         results.append({"name": name, "settings": items, "tree": tree, "round": round_, **run})
         floor = ", ".join(f"{x:.3f}" for x in run["check"]["over_floor"])

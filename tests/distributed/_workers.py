@@ -40,6 +40,9 @@ def _child(rank: int, world_size: int, workdir: str, job, collective_timeout_s: 
     try:
         result = job(rank, world_size, pathlib.Path(workdir))
         torch.save(result, os.path.join(workdir, f"rank{rank}.pt"))
+        # every rank past its last collective before any tears the group down: a peer's teardown while a collective is
+        # in flight aborts gloo's worker threads at exit ("terminate called without an active exception")
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
