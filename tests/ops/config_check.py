@@ -66,12 +66,14 @@ def dkdv_shape(config, dv: int) -> tuple[int, int, int, int]:
 
 
 def unit_candidates(
-    family: str, dtype: torch.dtype, D: int, tma_setting: bool, precision: str, device: torch.device
-) -> list[tuple[int, int, int, int]]:
+    family: str, dtype: torch.dtype, D: int, tma_setting: bool, precision: str, device: torch.device,
+    rev_states: bool = False,
+) -> list[tuple[int, int, int, int]]:  # fmt: skip
     """The configurations (as pins, best first) of one unit on ``device`` (a CUDA device, or the CPU for the
     interpreter), as the plan decides them for a call with the settings its runs use, under the current pin if one
     is set: what the test expects a unit to run. Nothing for the fused dk/dv walk where the plan does not take it (head
-    dims over 128, the split precision)."""
+    dims over 128, the split precision). ``rev_states``: those of the walk that also computes the reverse local states
+    (the segmented dq walk, whose estimate counts its q tiles)."""
     with settings.override(**unit_settings(family, tma_setting, precision)):
         q = torch.empty(1, 1, 1, D, dtype=dtype, device=device)
         problem = run.problem_of(q, q, q, None, None, None, None, 1.0, False, 0)
@@ -85,6 +87,7 @@ def unit_candidates(
         found = walk_candidates(
             D, D, q.element_size(), limit, state_only=family == "prepass",
             tma=plan.tma_enabled(problem.device, problem.settings), state_bytes=state_bytes, pin=plan.pin(problem),
+            rev_states=rev_states,
         )  # fmt: skip
         return [shape_of(c) for c in found]
 
@@ -154,11 +157,14 @@ def main(argv=None) -> int:
     conftest._POISON_ACTIVE[0] = True  # outputs the library allocates start as NaN from here on
     segment_lens = unit_segment_lens(args.family, dtype, D, bool(args.tma), args.precision, device)
     for pin in pins:
-        with settings.override(**base, kernel_config=settings.KernelPin(*pin)):
-            # the selector keeps a pin that fits as given: the launch ran this configuration, not a fallback
-            kept = unit_candidates(args.family, dtype, D, bool(args.tma), args.precision, device)
-        record = {"config": pin, "pinned_as_given": kept == [pin], "runs": [], "ok": True}
+        record = {"config": pin, "pinned_as_given": True, "runs": [], "ok": True}
         for segment_len in segment_lens:
+            # the selector keeps a pin that fits as given: the launches ran this configuration, not a fallback (in the
+            # walk family's segments, the dq walk that computes the reverse local states as well)
+            for rev_states in (False, True) if args.family == "walk" and segment_len else (False,):
+                with settings.override(**base, kernel_config=settings.KernelPin(*pin)):
+                    kept = unit_candidates(args.family, dtype, D, bool(args.tma), args.precision, device, rev_states)
+                record["pinned_as_given"] = record["pinned_as_given"] and kept == [pin]
             changes = dict(kernel_config=settings.KernelPin(*pin), segment_len=segment_len)
             try:
                 with settings.override(**base, **changes):

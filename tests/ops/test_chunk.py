@@ -69,9 +69,12 @@ CASES = [
     Case("segments-B2-nofinal-noh0", T=170, K=32, V=32, B=2, final=False, h0=False, decay="mixed", seg=48),
     Case("varlen-cpu-segments-nofinal", T=116, K=32, V=16, cu=(0, 0, 1, 16, 16, 116), cu_cpu=True, seg=32,
          final=False, h0=False),  # fmt: skip
-    # 16-bit segments: the dq walk also computes the reverse local states (each sequence's first only with dh0)
-    Case("varlen-cpu-segments-nofinal-bf16", T=116, K=48, V=16, cu=(0, 0, 1, 16, 16, 116), cu_cpu=True, seg=32,
-         final=False, h0=False, dtype=torch.bfloat16, decay="strong"),  # fmt: skip
+    # 16-bit segments of several chunks, weak and mixed decay, no dh0: the dq walk computes the reverse local states of
+    # every segment but each sequence's first, which the earlier segments' gradients depend on
+    Case("segments-multichunk-bf16-nofinal", T=300, K=32, V=48, B=2, dtype=torch.bfloat16, decay="mixed", seg=128,
+         final=False, h0=False),  # fmt: skip
+    Case("varlen-cpu-segments-multichunk-fp16-nofinal", T=300, K=48, V=32, cu=(0, 0, 1, 150, 150, 300), cu_cpu=True,
+         seg=128, final=False, h0=False, dtype=torch.float16),  # fmt: skip
     # the pre-pass on pieces of the segments (the scan composes them): with the final state and h0 (every piece,
     # ragged last one), and without (the forward skips the last segment's pieces, the reverse pass the first's)
     Case("pieces-B2-final-h0", T=150, K=32, V=48, B=2, decay="mixed", seg=64, piece=16),

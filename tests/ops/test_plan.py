@@ -233,13 +233,14 @@ def test_k64_dq_walk_computes_the_reverse_local_states(final_state):
     assert dq.constexprs["REV_STATES"] and dq.constexprs["REV_ALL"] is final_state and not dq.constexprs["REVERSE"]
     assert "scan" in scan.launcher.name and scan.constexprs["REVERSE"] and "dk/dv" in dkdv.launcher.name
     assert not _reverse_prepasses(program)
+    # segmented in each (the Triton walk at K = 128 from 2 × 32K): the reverse pre-pass stays
     for other in (dict(dtype=torch.float32), dict(K=128, V=128), dict(K=128, V=128, gluon=False)):
-        q = problem(**{"B": 4, "T": 16384, "K": 64, "V": 64, "backward": True, **other})
-        if plan.plan_segments(q).segmented:
-            assert len(_reverse_prepasses(run.backward_program(q))) == 1, other
+        q = problem(**{"B": 2, "T": 32768, "K": 64, "V": 64, "backward": True, **other})
+        assert plan.plan_segments(q).segmented, other
+        assert len(_reverse_prepasses(run.backward_program(q))) == 1, other
         assert not any(launch.constexprs.get("REV_STATES") for launch in run.backward_program(q).launches), other
-    assert not plan.dq_reverse_states(problem(B=8, T=8192, K=64, V=64), plan.plan_segments(problem(B=8, T=8192, K=64,
-                                                                                                V=64)))  # fmt: skip
+    whole = problem(B=8, T=8192, K=64, V=64)  # fills the GPU unsegmented: nothing to compute
+    assert not plan.dq_reverse_states(whole, plan.plan_segments(whole))
 
 
 def test_settings_are_part_of_the_problem():

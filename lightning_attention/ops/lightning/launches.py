@@ -155,13 +155,15 @@ def walk_launch(
     ``reverse_states`` (a forward walk of a segmented plan, on the Triton walk: ``plan.dq_reverse_states``): the
     reverse walk's local states, written in the same pass."""
     DK, DV = q.shape[-1], v.shape[-1]
+    if reverse_states is not None and (reverse or state_only or not plan.segmented):
+        raise ValueError("reverse local states come from a forward walk over segments (plan.dq_reverse_states)")
     (o_,) = pointers(q, o)
     # tensor descriptors need whole chunks: not the inter-only mode, whose chunks are shorter than its tile
     use_tma = not (inter_chunk and not state_only) and tma_ready(p.device, p.settings, q, k, v, o_)
     _descriptor_scratch(b, p, use_tma)
     dot_prec, inter_prec, split = precisions(q.dtype, p.settings)
     if use_walk_ws(p, DK, DV, plan, inter_chunk, use_tma):
-        if reverse_states is not None:
+        if reverse_states is not None:  # the plan's rule never asks (head dims up to 64 only)
             raise ValueError("the two-warpgroup walk does not compute reverse local states (plan.dq_reverse_states)")
         if state_only:
             _two_warpgroup_prepass(

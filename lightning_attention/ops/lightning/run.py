@@ -12,7 +12,9 @@ When the plan cuts sequences into segments (:func:`~lightning_attention.ops.ligh
 is three launches: the pre-pass computes every segment's local state from (k, v) in parallel, a short decayed scan
 turns them into incoming states, and the walk then runs all segments in parallel. The forward's segment states
 ([segments, H, K, V] fp32, within 25% of one input) are returned for the backward's dq walk, whose incoming states
-are their transposes; the reverse-time ones live for their pass only. Nothing per chunk is ever written to memory.
+are their transposes; the reverse-time ones live for their pass only, their local states written by the dq walk itself
+at head dims up to 64 (``plan.dq_reverse_states``: no pre-pass, the scan alone). Nothing per chunk is ever written to
+memory.
 
 :func:`forward_program` and :func:`backward_program` build a problem's launches once (cached per problem);
 :func:`chunk_forward` and :func:`chunk_backward` run them on a call's tensors. A problem's first call compiles all of

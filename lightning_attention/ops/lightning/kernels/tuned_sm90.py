@@ -17,7 +17,8 @@ MEASURED = True  # timed on a GPU of this architecture (False: the selector's fi
 
 # key: (kind, dtype, INTER_PREC, *the kernel's autotuning key): walk ('DK', 'DV', 'VARLEN', 'REVERSE', 'HAS_DECAY',
 # 'STATE_ONLY', 'SEG_IN', 'USE_H0', 'INTER_ONLY', 'USE_TMA', 'WAVES', 'SPLIT_OPERANDS', 'REV_STATES'), dk/dv walk
-# ('DK', 'DV', 'VARLEN', 'HAS_DECAY', 'SEG_IN', 'USE_H0', 'INTER_ONLY'); value: (BT, BV, num_warps, num_stages)
+# ('DK', 'DV', 'VARLEN', 'HAS_DECAY', 'SEG_IN', 'USE_H0', 'INTER_ONLY', 'USE_TMA'); value: (BT, BV, num_warps,
+# num_stages)
 CONFIGS: dict[tuple, tuple[int, int, int, int]] = {
     ('walk', 'bfloat16', 'input', 128, 128, 0, False, True, False, False, False, False, True, 1, False, False):
         (64, 64, 4, 4),
