@@ -26,6 +26,8 @@ import sys
 import torch
 from timed_calls import float64_reference
 
+from lightning_attention.utils.dtypes import dtype_name
+
 GRID_A_SEQLENS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
 TOKENS_PER_CALL = 65536
 MODES = ("chunk", "recompute")
@@ -84,7 +86,7 @@ def measure(seqlen: int, mode: str, *, heads=16, dim=128, dtype=torch.bfloat16, 
         "H": heads,
         "K": dim,
         "V": dim,
-        "dtype": str(dtype).removeprefix("torch."),
+        "dtype": dtype_name(dtype),
         "decay": decay,
         "bwd_ms": round(bwd_ms, 4),
         "fwdbwd_ms": round(fwdbwd_ms, 4),

@@ -27,6 +27,7 @@ import torch
 import lightning_attention as la
 from lightning_attention import settings
 from lightning_attention.bench.timing import graphed
+from lightning_attention.utils.dtypes import dtype_name
 
 HBM_BYTES_PER_S = 3.0e12  # H100 80GB copy ceiling (3.02 TB/s, docs/design.md "Benchmark grids")
 
@@ -148,7 +149,7 @@ def time_decode_step(
         "heads": heads,
         "k_dim": k_dim,
         "v_dim": v_dim,
-        "dtype": str(dtype).replace("torch.", ""),
+        "dtype": dtype_name(dtype),
         "device": str(device),
         "backend": settings.current().backend,
         "cuda_graph": cuda_graph and device.type == "cuda",

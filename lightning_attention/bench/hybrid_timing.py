@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from lightning_attention.bench.timing import bench
 from lightning_attention.ops.decay import tnl_slopes
 from lightning_attention.ops.hybrid import hybrid_chunk_attn
+from lightning_attention.utils.dtypes import dtype_name
 
 
 def time_hybrid(
@@ -65,7 +66,7 @@ def time_hybrid(
 
     result = {
         "T": T, "batch": batch, "num_heads": num_heads, "head_dim": head_dim, "chunk_size": chunk_size,
-        "dtype": str(dtype).replace("torch.", ""), "device": str(device),
+        "dtype": dtype_name(dtype), "device": str(device),
     }
     for name, fn in (("hybrid", hybrid), ("sdpa", sdpa)):
         with torch.no_grad():

@@ -38,6 +38,7 @@ from lightning_attention.bench.registry import (
 )
 from lightning_attention.ops.decay import tnl_slopes
 from lightning_attention.ops.lightning import naive
+from lightning_attention.utils.dtypes import dtype_name
 
 GRID_A_BUDGET = 65_536
 GRID_A_SEQLENS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
@@ -286,7 +287,7 @@ def grid_a(head_dim: int, budget: int = GRID_A_BUDGET, seqlens=GRID_A_SEQLENS, h
     return ShapeSet(
         f"a-d{head_dim}",
         f"grid (a): {budget} tokens per call, batch = {budget}/T, H = {heads}, K = V = {head_dim}, "
-        f"{str(dtype).removeprefix('torch.')}",
+        f"{dtype_name(dtype)}",
         token_budget_shapes(budget, seqlens, heads, head_dim, head_dim, dtype),
     )
 
@@ -295,7 +296,7 @@ def grid_b(head_dim: int, seqlens=GRID_B_SEQLENS, heads=GRID_HEADS, dtype=torch.
     """Grid (b): batch 1, long sequences (the 'constant speed' claim)."""
     return ShapeSet(
         f"b-d{head_dim}",
-        f"grid (b): batch 1, H = {heads}, K = V = {head_dim}, {str(dtype).removeprefix('torch.')}",
+        f"grid (b): batch 1, H = {heads}, K = V = {head_dim}, {dtype_name(dtype)}",
         tuple(Shape(1, t, heads, head_dim, head_dim, dtype) for t in seqlens),
     )
 
@@ -307,7 +308,7 @@ def varlen_grid(head_dim: int, lengths: tuple[int, ...] = VARLEN_LENGTHS, heads=
     return ShapeSet(
         f"varlen-d{head_dim}",
         f"varlen: {len(lengths)} packed sequences of {min(lengths)} to {max(lengths)} tokens, {T} in all, "
-        f"H = {heads}, K = V = {head_dim}, {str(dtype).removeprefix('torch.')}",
+        f"H = {heads}, K = V = {head_dim}, {dtype_name(dtype)}",
         (Shape(1, T, heads, head_dim, head_dim, dtype, lengths=tuple(lengths)),),
     )
 

@@ -15,6 +15,8 @@ from collections.abc import Callable
 
 import torch
 
+from lightning_attention.utils.dtypes import dtype_name
+
 
 @dataclasses.dataclass(frozen=True)
 class Shape:
@@ -46,7 +48,7 @@ class Shape:
         return head_class_of(self.to_json())
 
     def label(self) -> str:
-        dtype = str(self.dtype).removeprefix("torch.")
+        dtype = dtype_name(self.dtype)
         rows = f"N{len(self.lengths)}" if self.lengths is not None else f"B{self.batch}"
         return f"{rows}-T{self.seqlen}-H{self.heads}-K{self.k_dim}-V{self.v_dim}-{dtype}"
 
@@ -57,7 +59,7 @@ class Shape:
             "heads": self.heads,
             "k_dim": self.k_dim,
             "v_dim": self.v_dim,
-            "dtype": str(self.dtype).removeprefix("torch."),
+            "dtype": dtype_name(self.dtype),
         }
         if self.lengths is not None:
             doc["lengths"] = list(self.lengths)

@@ -28,6 +28,7 @@ from lightning_attention.bench.progress import progress, write
 from lightning_attention.bench.results import ResultWriter, format_table, load_plots, num
 from lightning_attention.bench.serving_timing import build_model, model_dtype, time_point
 from lightning_attention.bench.timing import record_failure, release
+from lightning_attention.utils.dtypes import dtype_name
 
 PRESET = "40m"
 BATCHES = (1, 64)
@@ -46,7 +47,7 @@ def run(args, device: torch.device, writer: ResultWriter, out: pathlib.Path) -> 
     new_tokens = args.new_tokens or (QUICK["new_tokens"] if args.quick else NEW_TOKENS)
     repeats = args.repeats or REPEATS
     writer.set("serving", {"preset": preset, "batches": batches, "prompts": prompts, "new_tokens": new_tokens,
-                           "repeats": repeats, "dtype": str(model_dtype(device)).split(".")[-1],
+                           "repeats": repeats, "dtype": dtype_name(model_dtype(device)),
                            "decoding": "greedy"})
     models = {}
     with progress(total=len(args.archs) * len(batches) * len(prompts), desc="serving", unit="point") as bar:

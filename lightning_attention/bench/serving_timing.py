@@ -40,6 +40,7 @@ from lightning_attention.bench import metrics
 from lightning_attention.bench.timing import peak_memory, synchronize, wall_seconds
 from lightning_attention.models.presets import model_config, model_from_config, parameter_count
 from lightning_attention.models.transnormer.cache import cache_of
+from lightning_attention.utils.dtypes import dtype_name
 
 WARMUP_NEW_TOKENS = 2  # one prefill and one decode step: every kernel of the request runs once
 
@@ -62,7 +63,7 @@ def build_model(arch: str, preset: str, device: torch.device, seed: int = 0) -> 
         model.set_attn_implementation("sdpa")  # the baseline is SDPA attention, whatever transformers defaults to
     dtype = model_dtype(device)
     model = model.to(device=device, dtype=dtype).eval()
-    info = {"arch": arch, "preset": preset, "parameters": parameter_count(model), "dtype": str(dtype).split(".")[-1],
+    info = {"arch": arch, "preset": preset, "parameters": parameter_count(model), "dtype": dtype_name(dtype),
             "vocab_size": model.config.vocab_size}
     if arch == "llama":
         info["attn_implementation"] = model.config._attn_implementation

@@ -17,6 +17,7 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
 from lightning_attention import settings
+from lightning_attention.utils.dtypes import dtype_name
 
 _PROBE_N = 16
 _BF16_WORKS: bool | None = None  # the probe's answer, once asked (a plain global: torch.compile warns on caches)
@@ -67,7 +68,7 @@ def check_interpreter_dtype(q: torch.Tensor) -> None:
     uses_bf16 = q.dtype == torch.bfloat16 or (q.dtype == torch.float16 and settings.current().precision == "split")
     if uses_bf16 and not interpreter_bf16_works():
         raise NotImplementedError(
-            f"q is {str(q.dtype).removeprefix('torch.')} on the Triton backend with CPU tensors (computed in bfloat16 "
+            f"q is {dtype_name(q.dtype)} on the Triton backend with CPU tensors (computed in bfloat16 "
             "there), and this Triton's interpreter computes bfloat16 arithmetic on raw bit patterns (garbage). There, "
             "use float32 or float16 with the default precision (float64 for references), or the PyTorch path for CPU "
             "tensors (LIGHTNING_ATTENTION_BACKEND=auto or torch)"

@@ -45,6 +45,7 @@ from lightning_attention.ops.lightning.plan import (
 from lightning_attention.ops.lightning.prepass_plan import PrepassPieces, prepass_pieces
 from lightning_attention.ops.lightning.program import ProgramBuilder, Ref
 from lightning_attention.ops.lightning.tma import ensure_allocator
+from lightning_attention.utils.dtypes import dtype_name
 
 # launchers of the kernels launched with one configuration passed explicitly; the autotuned ones are made per
 # candidate list (_tuned)
@@ -115,10 +116,6 @@ def _launch_tuned(b: ProgramBuilder, p: ChunkProblem, kind: str, plain: Launcher
     b.launch(_tuned(kind, candidates), grid, args, constexprs, x)
 
 
-def _dtype_name(x: Ref) -> str:
-    return str(x.dtype).removeprefix("torch.")
-
-
 def _strides(x: Ref | None) -> tuple:
     """A state's strides (slot, head, row, column), one kernel argument; zeros for an absent state (never read)."""
     return (0, 0, 0, 0) if x is None else x.stride()
@@ -180,11 +177,12 @@ def walk_launch(
     table = None if plan.seg_table is None else _segment_table(b, plan)
     wave_count = waves(p, cdiv(DV, 64) * H * plan.total)
     rev = reverse_states
-    x = v if rev is None else rev.x  # the stride group of an absent x: any [B, T, H, DV] tensor's (never read)
+    # without reverse states, x takes v's place (any [B, T, H, DV] tensor gives its stride group; never read)
+    x, rev_states, rev_scale = (v, None, 1.0) if rev is None else (rev.x, rev.states, rev.scale)
     args = (
-        q, k, v, o_, *pointers(q, slope, h0, ht, states, cu, table), x, *pointers(q, rev and rev.states),
-        *token_strides(q, k, v, o_, x), _strides(h0), _strides(ht), _strides(states), _strides(rev and rev.states),
-        float(scale_intra), float(scale_inter), float(scale_upd), float(rev.scale if rev else 1.0),
+        q, k, v, o_, *pointers(q, slope, h0, ht, states, cu, table), x, *pointers(q, rev_states),
+        *token_strides(q, k, v, o_, x), _strides(h0), _strides(ht), _strides(states), _strides(rev_states),
+        float(scale_intra), float(scale_inter), float(scale_upd), float(rev_scale),
         T, H, plan.per_seq, plan.seg_len, inter_chunk if not state_only else 0,
         wave_count,
     )  # fmt: skip
@@ -217,7 +215,7 @@ def walk_launch(
         DK, DV, q.element_size(), p.device.shared_per_block, state_only=state_only, tma=use_tma,
         state_bytes=state_operand_bytes(inter_prec), pin=pin(p), rev_states=rev is not None,
     )  # fmt: skip
-    key = tuned.table_key("walk", _dtype_name(q), {**constexprs, "WAVES": wave_count}, walk.AUTOTUNE_KEY)
+    key = tuned.table_key("walk", dtype_name(q.dtype), {**constexprs, "WAVES": wave_count}, walk.AUTOTUNE_KEY)
     _launch_tuned(b, p, "walk", _WALK, candidates, per_tile, DV, args, constexprs, q, key)
 
 
@@ -301,7 +299,7 @@ def dkdv_launch(b, p, q, k, v, do, dk, dv, *, slope, dht, dh0, g_states, plan, T
     candidates = dkdv_candidates(
         DK, DV, q.element_size(), state_operand_bytes(inter_prec), p.device.shared_per_block, fixed_bt, pin(p), use_tma
     )
-    key = tuned.table_key("dkdv", _dtype_name(q), constexprs, dkdv_walk.autotune_key(candidates))
+    key = tuned.table_key("dkdv", dtype_name(q.dtype), constexprs, dkdv_walk.autotune_key(candidates))
     _launch_tuned(b, p, "dkdv", _DKDV, candidates, H * plan.total, padded_dim(DV), args, constexprs, q, key)
 
 

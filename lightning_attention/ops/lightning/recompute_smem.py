@@ -15,6 +15,7 @@ from triton.compiler import ASTSource
 
 from lightning_attention.ops.lightning.kernels.recompute import recompute_bwd_kernel
 from lightning_attention.ops.lightning.recompute import kernel_dtypes, recompute_config
+from lightning_attention.utils.dtypes import dtype_name
 
 # Opt-in shared memory per block (bytes) of each compute capability (CUDA programming guide, "Technical
 # Specifications per Compute Capability"): 227 KB on sm_90, 163 KB on sm_80, 99 KB on sm_86 / sm_89 / sm_120.
@@ -136,7 +137,7 @@ def measure(dtype: torch.dtype, K: int, V: int, cc: int, decay: bool = True, *, 
         shared = int(triton.compile(src, target=target, options=options).metadata.shared)
     return SmemRow(
         kernel=KERNEL,
-        dtype=str(dtype).removeprefix("torch."),
+        dtype=dtype_name(dtype),
         K=K,
         V=V,
         BT=cfg.BT,
