@@ -51,7 +51,7 @@
 # train_memory  peak memory per GPU and tokens/s of the 400m preset, DDP against FSDP2, with and
 #             without activation checkpointing and per-block compile                         300
 # train_memory_2gpu  the same on 2 GPUs under torchrun, eager, each strategy also with 2-way sequence
-#             parallelism ($TRAIN_MEMORY_2GPU_S or 300)
+#             parallelism, then 3 profiled steps of each (GPU, NCCL and host time per rank) ($TRAIN_MEMORY_2GPU_S or 300)
 # sanitizer   the GPU reliability tests under compute-sanitizer's memcheck                    240
 # model_quality  the model-quality protocol, resumed from $MQ_DIR (carried; default
 #             runs/mq), the corpus in .corpus/ (carried)                                     580
@@ -190,7 +190,7 @@ for stage in ${stages//,/ }; do
                            secs="${TRAIN_MEMORY_2GPU_S:-300}"
                            run train_memory_2gpu "$secs" python3 -m torch.distributed.run --standalone \
                                --nproc_per_node 2 benchmarks/train_memory.py --sequence-parallel 1,2 --compile off \
-                               --budget-s $((secs - 60)) --out "$res/train_memory_2gpu" ;;
+                               --profile-steps 3 --budget-s $((secs - 60)) --out "$res/train_memory_2gpu" ;;
         sanitizer) run sanitizer 240 compute-sanitizer --tool memcheck --error-exitcode 1 \
                        python3 -m pytest -q -m gpu -p no:cacheprovider tests/ops/test_reliability_gpu.py ;;
         model_quality) mq="${MQ_DIR:-runs/mq}"; mkdir -p "$mq"

@@ -25,6 +25,14 @@ keeps), ``tokens_per_s`` (global tokens per step / step time) and the step losse
 bf16 rounding: same weights, same tokens). An out-of-memory configuration is recorded as such and the next one runs.
 ``--budget-s`` stops starting new configurations once passed.
 
+``--profile-steps N`` then runs N more steps of each configuration under ``torch.profiler`` and adds, per rank and per
+step: ``gpu_busy_ms`` (time some kernel other than NCCL's ran), ``nccl_ms`` (time an NCCL kernel ran: transfer, or
+waiting for the other ranks to reach the collective), ``nccl_exposed_ms`` (NCCL time with no other kernel beside it)
+and ``host_busy_ms`` (the host's CPU time in PyTorch, the runtime and the driver, less its waits for the GPU). Under
+the profiler the steps run slower; compare ranks and strategies, not these times with ``step_ms``. On more than one
+GPU the run first measures the interconnect (``interconnect`` in the JSON): an all-gather of one rank's share of the
+model's float32 parameters, FSDP2's per-step traffic, and an all-reduce of all of them, DDP's.
+
 CPU smoke test (gloo, the smoke preset, ``aot_eager`` in place of inductor)::
 
     torchrun --standalone --nproc_per_node 2 benchmarks/train_memory.py --quick --device cpu --out /tmp/train_memory
@@ -74,6 +82,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sequence-parallel", default="1", help="ranks per sequence-parallel group, e.g. 1,2")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--budget-s", type=float, default=270.0, help="start no configuration after this many seconds")
+    p.add_argument("--profile-steps", type=int, default=0,
+                   help="then profile this many more steps per configuration: GPU, NCCL and host time per rank")
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test of the script (CPU, gloo)")
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("runs/train_memory"), help="folder of the JSON")
     args = p.parse_args(argv)
@@ -152,7 +162,90 @@ def measure(conf: dict, args, info: dist_utils.DistInfo, device: torch.device, l
     record["losses"] = [float(x) for x in losses]
     if device.type == "cuda":
         record["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / GIB
+        if args.profile_steps > 0:
+            record.update(profile_steps(step, args.profile_steps, device))
     return record  # the model, its optimizer and graphs go with this frame; the next configuration frees them
+
+
+# host events that wait for the GPU rather than work: the profiler's closing synchronize, a full launch queue
+_HOST_WAITS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "Command Buffer Full")
+
+
+def _union(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Overlapping [start, end) intervals merged, sorted."""
+    merged: list[list[int]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
+
+
+def _uncovered(intervals: list[tuple[int, int]], cover: list[tuple[int, int]]) -> int:
+    """Total length of ``intervals`` that no interval of ``cover`` overlaps (both merged first)."""
+    cover, total = _union(cover), 0
+    for start, end in _union(intervals):
+        cursor = start
+        for a, b in cover:
+            if b <= cursor or a >= end:
+                continue
+            total += max(0, a - cursor)
+            cursor = max(cursor, b)
+            if cursor >= end:
+                break
+        total += max(0, end - cursor)
+    return total
+
+
+def profile_steps(step, steps: int, device: torch.device) -> dict:
+    """``steps`` calls of ``step`` under ``torch.profiler``: this rank's GPU, NCCL and host time per step (module
+    docstring), in ms."""
+    from torch.profiler import ProfilerActivity, profile
+
+    _synchronize(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        _synchronize(device)
+    nccl, other = [], []
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            span = (event.time_range.start, event.time_range.end)  # µs
+            (nccl if "nccl" in event.name.lower() else other).append(span)
+    host = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key not in _HOST_WAITS)  # µs
+    per_step = 1e-3 / steps  # µs -> ms per step
+    return {"profiled_steps": steps,
+            "gpu_busy_ms": sum(b - a for a, b in _union(other)) * per_step,
+            "nccl_ms": sum(b - a for a, b in _union(nccl)) * per_step,
+            "nccl_exposed_ms": _uncovered(nccl, other) * per_step,
+            "host_busy_ms": host * per_step}
+
+
+def interconnect(parameters: int, info: dist_utils.DistInfo, device: torch.device) -> dict:
+    """Seconds and GB/s of an all-gather of one rank's share of ``parameters`` float32 values and of an all-reduce of
+    all of them (the second of two rounds: the first sets NCCL's channels up)."""
+    share = torch.randn(-(-parameters // info.world_size), device=device)
+    whole = torch.empty(share.numel() * info.world_size, device=device)
+    result = {}
+    for _ in range(2):
+        _synchronize(device)
+        started = time.perf_counter()
+        dist.all_gather_into_tensor(whole, share)
+        _synchronize(device)
+        gathered = time.perf_counter()
+        dist.all_reduce(whole)
+        _synchronize(device)
+        reduced = time.perf_counter()
+        result = {"floats": whole.numel(), "all_gather_s": gathered - started, "all_reduce_s": reduced - gathered,
+                  # bus bandwidth (NCCL's measure): bytes each rank sends and receives over the link, per second
+                  "all_gather_busbw_gbps": whole.numel() * 4 * (info.world_size - 1) / info.world_size
+                  / (gathered - started) / 1e9,
+                  "all_reduce_busbw_gbps": whole.numel() * 4 * 2 * (info.world_size - 1) / info.world_size
+                  / (reduced - gathered) / 1e9}
+    del share, whole
+    _release(device)
+    return result
 
 
 def _gather(record: dict, info: dist_utils.DistInfo) -> list[dict]:
@@ -164,7 +257,8 @@ def _gather(record: dict, info: dist_utils.DistInfo) -> list[dict]:
 
 
 def _combine(conf: dict, per_rank: list[dict], args, world_size: int) -> dict:
-    """One record of the configuration: rank 0's numbers, memory as the largest over the ranks and per rank."""
+    """One record of the configuration: rank 0's numbers, memory and profiled times as the largest over the ranks
+    and per rank."""
     failed = [r for r in per_rank if r.get("status") not in (None, "ok")]
     out = {**conf, "world_size": world_size, "data_parallel_ranks": world_size // conf["sequence_parallel"],
            "batch_per_replica": args.batch_size, "context": args.context, **per_rank[0]}
@@ -172,7 +266,7 @@ def _combine(conf: dict, per_rank: list[dict], args, world_size: int) -> dict:
         return {**out, **{k: failed[0][k] for k in ("status", "error")}}
     out["status"] = "ok"
     out["tokens_per_step"] = args.batch_size * args.context * out["data_parallel_ranks"]
-    for key in ("peak_memory_gib", "steady_memory_gib"):
+    for key in ("peak_memory_gib", "steady_memory_gib", "gpu_busy_ms", "nccl_ms", "nccl_exposed_ms", "host_busy_ms"):
         if key in per_rank[0]:
             out[f"{key}_per_rank"] = [r[key] for r in per_rank]
             out[key] = max(out[f"{key}_per_rank"])
@@ -204,6 +298,14 @@ def main(argv=None) -> int:
             writer = ResultWriter(args.out / "train_memory.json", "train_memory", machine, line,
                                   {**config, "argv": sys.argv, "world_size": info.world_size,
                                    "backend": dist.get_backend()})
+        if info.world_size > 1 and device.type == "cuda":
+            with torch.device("meta"):  # the parameter count only: nothing allocated
+                parameters = parameter_count(model_from_config(args.arch, model_config(args.arch, args.preset,
+                                                                                      args.vocab_size)))
+            link = interconnect(parameters, info, device)
+            if writer:
+                writer.add("interconnect", link)
+                print(json.dumps({"interconnect": link}), flush=True)
         start, layouts, records = time.perf_counter(), {}, []
         for conf in configurations(args, info.world_size):
             if time.perf_counter() - start > args.budget_s:

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -32,3 +33,53 @@ def test_train_memory_quick_on_two_gloo_ranks(tmp_path):
     for ddp, fsdp in ((results[0], results[1]), (results[2], results[3])):
         torch.testing.assert_close(torch.tensor(fsdp["losses"]), torch.tensor(ddp["losses"]), rtol=1e-5, atol=0)
     assert "peak GiB/GPU" in proc.stdout and proc.stdout.count('"status": "ok"') == 4
+
+
+def test_profile_splits_gpu_time_into_busy_nccl_and_exposed_nccl(monkeypatch):
+    """The profile's arithmetic on kernel spans: overlaps merged, NCCL time counted exposed where no other kernel runs
+    beside it; the host's waits for the GPU left out of its busy time."""
+    monkeypatch.syspath_prepend(os.path.join(REPO, "benchmarks"))
+    import train_memory
+
+    assert train_memory._union([(5, 7), (0, 2), (1, 3), (7, 9)]) == [(0, 3), (5, 9)]
+    assert train_memory._uncovered([(0, 10)], [(2, 3), (5, 6)]) == 8
+    assert train_memory._uncovered([(0, 10), (20, 30)], [(8, 25)]) == 13
+    assert train_memory._uncovered([(0, 10)], []) == 10 and train_memory._uncovered([(2, 4)], [(0, 10)]) == 0
+
+    class Span:
+        def __init__(self, start, end):
+            self.start, self.end = start, end
+
+    class Event:
+        def __init__(self, name, start, end, cuda=True):
+            self.name, self.time_range = name, Span(start, end)
+            self.device_type = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+
+    class Average:
+        def __init__(self, key, self_cpu_time_total):
+            self.key, self.self_cpu_time_total = key, self_cpu_time_total
+
+    class Profile:  # two steps: kernels 0-400 and 600-800 µs, NCCL 300-700 µs (exposed 400-600)
+        def __init__(self, activities):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def events(self):
+            return [Event("gemm", 0, 400), Event("gemm", 600, 800), Event("ncclDevKernel_AllGather", 300, 700),
+                    Event("aten::mm", 0, 5000, cuda=False)]
+
+        def key_averages(self):
+            return [Average("aten::mm", 1000.0), Average("Command Buffer Full", 4000.0),
+                    Average("cudaDeviceSynchronize", 2000.0)]
+
+    monkeypatch.setattr(torch.profiler, "profile", Profile)
+    steps = []
+    got = train_memory.profile_steps(lambda: steps.append(1), 2, torch.device("cpu"))
+    assert len(steps) == 2
+    assert got == pytest.approx({"profiled_steps": 2, "gpu_busy_ms": 0.3, "nccl_ms": 0.2, "nccl_exposed_ms": 0.1,
+                                 "host_busy_ms": 0.5})
