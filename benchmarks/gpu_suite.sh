@@ -51,7 +51,8 @@
 # train_memory  peak memory per GPU and tokens/s of the 400m preset, DDP against FSDP2, with and
 #             without activation checkpointing and per-block compile                         300
 # train_memory_2gpu  the same on 2 GPUs under torchrun, eager, each strategy also with 2-way sequence
-#             parallelism, then 3 profiled steps of each (GPU, NCCL and host time per rank) ($TRAIN_MEMORY_2GPU_S or 300)
+#             parallelism, then 3 profiled steps of each (GPU, NCCL and host time per rank)
+#             ($TRAIN_MEMORY_2GPU_S or 300)
 # sanitizer   the GPU reliability tests under compute-sanitizer's memcheck                    240
 # model_quality  the model-quality protocol, resumed from $MQ_DIR (carried; default
 #             runs/mq), the corpus in .corpus/ (carried)                                     580
