@@ -2,7 +2,8 @@
 checkpointing, eager and ``torch.compile``d, with and without sequence parallelism.
 
 One GPU, the paper's smallest TNL (the ``400m`` preset with the released 64000-token vocabulary, 465M parameters),
-every combination of ``--strategies`` x ``--checkpointing`` x ``--compile`` (about 3 minutes on an H100)::
+every combination of ``--strategies`` x ``--checkpointing`` x ``--compile``, FSDP2 once per ``--fsdp-unit-blocks``
+value (decoder blocks per ``fully_shard`` unit; about 3 minutes on an H100)::
 
     python benchmarks/train_memory.py --out benchmarks/results/<run>/train_memory
 
@@ -80,6 +81,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--compile", default="off,on", help="per-block torch.compile: off, on or both")
     p.add_argument("--compile-backend", default=None, help="torch.compile backend (inductor)")
     p.add_argument("--sequence-parallel", default="1", help="ranks per sequence-parallel group, e.g. 1,2")
+    p.add_argument("--fsdp-unit-blocks", default="1",
+                   help="FSDP2: decoder blocks per fully_shard unit, e.g. 1,3 (each value a configuration)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--budget-s", type=float, default=270.0, help="start no configuration after this many seconds")
     p.add_argument("--profile-steps", type=int, default=0,
@@ -99,11 +102,15 @@ def _switch(text: str) -> list[bool]:
 
 
 def configurations(args, world_size: int) -> list[dict]:
-    """Every combination asked for, sequence-parallel sizes that do not divide the world size left out."""
+    """Every combination asked for, sequence-parallel sizes that do not divide the world size left out; FSDP2 once per
+    ``--fsdp-unit-blocks`` value (``fsdp_unit_blocks`` None under DDP)."""
+    units = [int(u) for u in args.fsdp_unit_blocks.split(",")]
     grid = itertools.product([int(s) for s in args.sequence_parallel.split(",")], _switch(args.compile),
                              _switch(args.checkpointing), [s.strip() for s in args.strategies.split(",")])
-    return [{"strategy": strategy, "checkpointing": ckpt, "compile": comp, "sequence_parallel": sp}
-            for sp, comp, ckpt, strategy in grid if world_size % sp == 0]
+    return [{"strategy": strategy, "checkpointing": ckpt, "compile": comp, "sequence_parallel": sp,
+             "fsdp_unit_blocks": unit}
+            for sp, comp, ckpt, strategy in grid if world_size % sp == 0
+            for unit in (units if strategy == "fsdp" else [None])]
 
 
 def _release(device: torch.device) -> None:
@@ -131,7 +138,7 @@ def measure(conf: dict, args, info: dist_utils.DistInfo, device: torch.device, l
     record = {"parameters": parameter_count(model)}
     net = prepare_model(model, layout, device, data_parallel=conf["strategy"],
                         gradient_checkpointing=conf["checkpointing"], compile=conf["compile"],
-                        compile_backend=args.compile_backend)
+                        compile_backend=args.compile_backend, fsdp_unit_blocks=conf["fsdp_unit_blocks"] or 1)
     if fill is not None:
         fill()
         del fill
@@ -276,8 +283,8 @@ def _combine(conf: dict, per_rank: list[dict], args, world_size: int) -> dict:
 def _row(r: dict) -> list[str]:
     memory = f"{r['peak_memory_gib']:.2f}" if "peak_memory_gib" in r else "n/a"
     rate = f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else r["status"]
-    return [r["strategy"], str(r["sequence_parallel"]), "on" if r["checkpointing"] else "off",
-            "on" if r["compile"] else "off", memory, rate]
+    return [r["strategy"], str(r["fsdp_unit_blocks"] or ""), str(r["sequence_parallel"]),
+            "on" if r["checkpointing"] else "off", "on" if r["compile"] else "off", memory, rate]
 
 
 def main(argv=None) -> int:
@@ -326,7 +333,7 @@ def main(argv=None) -> int:
                 writer.add("results", record)
                 print(json.dumps(record), flush=True)
         if writer:
-            print(format_table(["strategy", "sp", "act. ckpt", "compile", "peak GiB/GPU", "tokens/s"],
+            print(format_table(["strategy", "unit blocks", "sp", "act. ckpt", "compile", "peak GiB/GPU", "tokens/s"],
                                [_row(r) for r in records]), flush=True)
         completed = True
     finally:

@@ -91,6 +91,12 @@ def test_missing_data_file_is_a_one_line_error(tmp_path, capsys):
     assert "--data" in capsys.readouterr().err
 
 
+def test_a_bad_fsdp_unit_is_a_one_line_error(tmp_path, capsys):
+    assert main(["train", "--smoke", "--fsdp-unit-blocks", "0", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "--fsdp-unit-blocks must be at least 1" in err and "Traceback" not in err
+
+
 def test_hf_data_without_datasets_names_the_extra(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # as if it were not installed
     assert main(["train", "--smoke", "--data", "hf:wikitext", "--out", str(tmp_path / "o")]) == 2

@@ -5,17 +5,19 @@ them), the ``--smoke`` values, and which options a resumed run may change.
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
 from lightning_attention.models.presets import PRESETS
+from lightning_attention.train.errors import UserError
 
 # the values of ``--smoke`` (CI): the smoke preset, a few steps of a few short sequences, seconds on a CPU
 SMOKE = dict(preset="smoke", steps=6, context=64, batch_size=4, eval_every=3, eval_batches=2, warmup=2,
              max_chars=60_000)
 
 # What a resumed run may change without --resume-override: its length and cadence (resuming in slices changes them)
-# and how it runs (device, threads, display, compile, activation checkpointing, how the ranks split the work: the
-# same training either way; a changed number of data-parallel ranks keeps the global batch, see the trainer).
+# and how it runs (device, threads, display, compile, activation checkpointing, how the ranks split the work and FSDP2
+# its units: the same training either way; a changed number of data-parallel ranks keeps the global batch, see the
+# trainer).
 CHANGEABLE_ON_RESUME = frozenset({"steps", "stop_at", "save_every", "eval_every", "out", "resume", "resume_overrides",
                                   "device", "threads", "progress", "compile", "gradient_checkpointing",
-                                  "sequence_parallel", "data_parallel"})
+                                  "sequence_parallel", "data_parallel", "fsdp_unit_blocks"})
 # What a resumed run does not take over from the checkpoint's options: where this slice ends, and where it resumes
 # from and writes to
 NOT_CARRIED_OVER = frozenset({"stop_at", "resume", "resume_overrides", "out"})
@@ -102,6 +104,10 @@ class TrainConfig:
     # (a process group of one: nothing to shard, same training).
     data_parallel: str = option("ddp", "ddp (a full replica per rank) | fsdp (PyTorch FSDP2: parameters, gradients "
                                        "and optimizer state sharded over the ranks)", choices=("ddp", "fsdp"))
+    # FSDP2's host work per step grows with its units (one all-gather and one reduce-scatter each); with few tokens per
+    # rank (sequence parallelism, activation checkpointing's recompute) it can outlast the GPU's work
+    fsdp_unit_blocks: int = option(1, "with --data-parallel fsdp: consecutive decoder blocks sharded as one unit "
+                                      "(fewer units, less host work per step; more parameters gathered at once)")
 
     def __post_init__(self):
         if isinstance(self.resume_overrides, str):
@@ -109,6 +115,9 @@ class TrainConfig:
         unknown = sorted(set(self.resume_overrides) - set(self.field_names()))
         if unknown:
             raise ValueError(f"resume_overrides names unknown options {unknown}")
+        if self.fsdp_unit_blocks < 1:
+            raise UserError(f"--fsdp-unit-blocks must be at least 1 (decoder blocks per FSDP2 unit), got "
+                            f"{self.fsdp_unit_blocks}")
 
     @classmethod
     def smoke(cls, **overrides) -> "TrainConfig":

@@ -12,13 +12,14 @@ With W processes and ``sequence_parallel = sp`` (see :func:`lightning_attention.
   over "dp" alone would keep sp identical copies of every shard and need a second all-reduce over "sp"; sharding
   over both is how PyTorch composes FSDP2 with context parallelism (TorchTitan's ``dp_shard_cp``).
 
-Order (FSDP2's documentation): activation checkpointing (``trainer.prepare_model`` enables it), then
-``torch.compile`` of each decoder block, then ``fully_shard`` of each block and of the root (embeddings, final norm,
-LM head). The blocks are the modules the model names in ``_no_split_modules`` (transformers' own list of units not
-to split, what accelerate's FSDP wrapping uses). Compiling per block (``Module.compile``, in place) captures each
-block's forward and backward whole with FSDP2's all-gather hooks left to run eagerly (no graph break:
-tests/train/test_compile.py), compiles one graph that every block of the same structure reuses, and leaves parameter
-names (and so the checkpoint) unchanged; the same is done under DDP, so ``--compile`` means one thing.
+Order (FSDP2's documentation): activation checkpointing (``trainer.prepare_model`` enables it), then ``torch.compile``
+of each decoder block, then ``fully_shard`` of each block (or of each run of ``unit_blocks`` consecutive blocks) and of
+the root (embeddings, final norm, LM head). The blocks are the modules the model names in ``_no_split_modules``
+(transformers' own list of units not to split, what accelerate's FSDP wrapping uses). Compiling per block
+(``Module.compile``, in place) captures each block's forward and backward whole with FSDP2's all-gather hooks left to
+run eagerly (no graph break: tests/train/test_compile.py), compiles one graph that every block of the same structure
+reuses, and leaves parameter names (and so the checkpoint) unchanged; the same is done under DDP, so ``--compile`` means
+one thing.
 
 Both strategies run the same arithmetic (bf16 autocast on CUDA, float32 parameters, gradients averaged in float32),
 so a run may switch between them, and between world sizes, on ``--resume``.
@@ -87,16 +88,23 @@ def decoder_blocks(model: nn.Module) -> list[nn.Module]:
 
 
 def parallelize(model: nn.Module, layout: Layout, strategy: str, device: torch.device, *,
-                compile: bool = False, compile_backend: str = "inductor") -> nn.Module:
+                compile: bool = False, compile_backend: str = "inductor", unit_blocks: int = 1) -> nn.Module:
     """Prepares ``model`` (on ``device``, activation checkpointing already enabled if wanted) for training; returns
     the module to call in the training loop.
 
     ``fsdp`` shards ``model`` in place (its parameters become DTensors on ``layout.data_mesh``) and returns it;
     ``ddp`` returns a ``DistributedDataParallel`` around it. Without a mesh (a plain single process) ``model`` is
     returned as it is. Build the optimizer afterwards, from ``model.parameters()``.
+
+    ``unit_blocks`` (``fsdp``): consecutive decoder blocks sharded as one unit, gathered and reduce-scattered
+    together. FSDP2's host work per step grows with its units, and with few tokens per rank it can outlast the GPU's
+    work; fewer, larger units hold more unsharded parameters at once (docs/performance.md, "Training at 400M
+    parameters: DDP against FSDP2").
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    if unit_blocks < 1:
+        raise ValueError(f"unit_blocks must be at least 1, got {unit_blocks}")
     blocks = decoder_blocks(model)
     if compile:
         for block in blocks:
@@ -106,8 +114,9 @@ def parallelize(model: nn.Module, layout: Layout, strategy: str, device: torch.d
     if strategy == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
-        for block in blocks:
-            fully_shard(block, mesh=layout.data_mesh)
+        for start in range(0, len(blocks), unit_blocks):
+            unit = blocks[start : start + unit_blocks]
+            fully_shard(unit if len(unit) > 1 else unit[0], mesh=layout.data_mesh)  # a list: one unit of them all
         fully_shard(model, mesh=layout.data_mesh)
         return model
     return nn.parallel.DistributedDataParallel(

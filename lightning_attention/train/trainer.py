@@ -166,12 +166,15 @@ def enable_activation_checkpointing(model) -> None:
 
 
 def prepare_model(model, layout: parallel.Layout, device: torch.device, *, data_parallel: str = "ddp",
-                  gradient_checkpointing: bool = False, compile: bool = False, compile_backend: str = "inductor"):
+                  gradient_checkpointing: bool = False, compile: bool = False, compile_backend: str = "inductor",
+                  fsdp_unit_blocks: int = 1):
     """Activation checkpointing first (PyTorch's order: before ``torch.compile`` and ``fully_shard``), then
-    :func:`~lightning_attention.train.parallel.parallelize`; returns the module to call in the training loop."""
+    :func:`~lightning_attention.train.parallel.parallelize` (``fsdp_unit_blocks``: its ``unit_blocks``); returns the
+    module to call in the training loop."""
     if gradient_checkpointing:
         enable_activation_checkpointing(model)
-    return parallel.parallelize(model, layout, data_parallel, device, compile=compile, compile_backend=compile_backend)
+    return parallel.parallelize(model, layout, data_parallel, device, compile=compile, compile_backend=compile_backend,
+                                unit_blocks=fsdp_unit_blocks)
 
 
 def train(cfg: TrainConfig) -> TrainResult:
@@ -311,7 +314,8 @@ def _train(cfg: TrainConfig, info: dist_utils.DistInfo) -> TrainResult:
                               layout, info, device, cfg.data_parallel, source if state is not None else None)
     result = TrainResult(step=0, parameters=parameter_count(model))
     net = prepare_model(model, layout, device, data_parallel=cfg.data_parallel,
-                        gradient_checkpointing=cfg.gradient_checkpointing, compile=cfg.compile)
+                        gradient_checkpointing=cfg.gradient_checkpointing, compile=cfg.compile,
+                        fsdp_unit_blocks=cfg.fsdp_unit_blocks)
     if fill is not None:
         fill()
         del fill  # rank 0's whole CPU copy

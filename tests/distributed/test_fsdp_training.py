@@ -64,6 +64,20 @@ def _recording_builds(builds: list):
     return mock.patch.object(trainer, "model_from_config", build)
 
 
+def _recording_units(units: list):
+    """Within the block, every ``fully_shard`` call appends what it shards: the class name of one module, or the
+    number of modules it groups into one unit."""
+    import torch.distributed.fsdp as fsdp
+
+    shard = fsdp.fully_shard
+
+    def recorded(module, **kwargs):
+        units.append(len(module) if isinstance(module, list) else type(module).__name__)
+        return shard(module, **kwargs)
+
+    return mock.patch.object(fsdp, "fully_shard", recorded)
+
+
 def _failed_build(rank, world_size) -> str:
     """``build_model`` for FSDP2 when rank 0's build raises: the error each rank ends with (none may wait for rank 0's
     weights forever)."""
@@ -85,9 +99,11 @@ def _two_ranks(rank, world_size, workdir) -> dict:
     layout. A resumed run names the saved options (``batch_size`` included, per rank as saved): the trainer splits
     the global batch anew."""
     runs = workdir.parent / "runs"
-    builds = []
-    with _recording_builds(builds):
+    builds, units, grouped_units = [], [], []
+    with _recording_builds(builds), _recording_units(units):
         fsdp = train(_cfg(runs / "fsdp", data_parallel="fsdp", batch_size=2))
+    with _recording_units(grouped_units):  # the smoke preset's two decoder blocks as one unit
+        grouped = train(_cfg(runs / "fsdp-grouped", data_parallel="fsdp", batch_size=2, fsdp_unit_blocks=2))
     # saved on 4 ranks (dp 2 x sp 2), resumed on 2 without sequence parallelism
     from_mesh = train(_cfg(runs / "from-mesh", data_parallel="fsdp", sequence_parallel=1, batch_size=2,
                            resume=str(runs / "mesh" / "previous")))
@@ -99,8 +115,10 @@ def _two_ranks(rank, world_size, workdir) -> dict:
                              resume=str(runs / "single" / "previous")))
     # saved by FSDP2, resumed by DDP on the same ranks: sharded optimizer state into full replicas
     to_ddp = train(_cfg(runs / "to-ddp", data_parallel="ddp", batch_size=2, resume=str(runs / "fsdp" / "previous")))
-    return {"builds": builds, "failed_build": _failed_build(rank, world_size), **{name: _record(r) for name, r in (
-        ("fsdp", fsdp), ("from_mesh", from_mesh), ("to_sp", to_sp), ("from_single", from_single), ("to_ddp", to_ddp))}}
+    return {"builds": builds, "failed_build": _failed_build(rank, world_size), "units": units,
+            "grouped_units": grouped_units, **{name: _record(r) for name, r in (
+                ("fsdp", fsdp), ("grouped", grouped), ("from_mesh", from_mesh), ("to_sp", to_sp),
+                ("from_single", from_single), ("to_ddp", to_ddp))}}
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +173,15 @@ def test_fsdp_over_a_2x2_mesh_trains_like_one_process(runs):
 
 def test_fsdp_only_on_2_ranks_trains_like_one_process(runs):
     _close(runs["two"][0]["fsdp"], runs["single"])
+
+
+def test_fsdp_units_of_several_blocks_train_like_one_process(runs):
+    """``fsdp_unit_blocks``: by default one unit per decoder block, then the root; with 2, the smoke preset's two
+    blocks are one unit. The training is the same."""
+    two = runs["two"][0]
+    assert two["units"] == ["TransNormerDecoderLayer", "TransNormerDecoderLayer", "TransNormerForCausalLM"]
+    assert two["grouped_units"] == [2, "TransNormerForCausalLM"]
+    _close(two["grouped"], runs["single"])
 
 
 def test_resume_at_the_same_world_size_is_bit_exact(runs):
