@@ -1,6 +1,6 @@
 """``train(data_parallel="fsdp")`` on gloo ranks: FSDP2 over a ("dp", "sp") DeviceMesh trains like one process, and
 its checkpoints resume exactly at the same world size and within float rounding at another one (4 ranks -> 2,
-FSDP-only -> sequence parallel, one process -> FSDP2 on 2 ranks) or under DDP.
+FSDP-only -> sequence parallel, one process -> FSDP2 on 2 ranks), under DDP or with other FSDP2 units.
 
 Every run is a few steps of the smoke preset with the same global batch of 4 sequences: one process with batch 4,
 FSDP2 on 2 ranks with batch 2 each, FSDP2 over dp 2 x sp 2 on 4 ranks with batch 2 per replica. Two spawned jobs
@@ -115,10 +115,13 @@ def _two_ranks(rank, world_size, workdir) -> dict:
                              resume=str(runs / "single" / "previous")))
     # saved by FSDP2, resumed by DDP on the same ranks: sharded optimizer state into full replicas
     to_ddp = train(_cfg(runs / "to-ddp", data_parallel="ddp", batch_size=2, resume=str(runs / "fsdp" / "previous")))
+    # saved with one decoder block per FSDP2 unit, resumed with both blocks in one unit
+    regrouped = train(_cfg(runs / "regrouped", data_parallel="fsdp", batch_size=2, fsdp_unit_blocks=2,
+                           resume=str(runs / "fsdp" / "previous")))
     return {"builds": builds, "failed_build": _failed_build(rank, world_size), "units": units,
             "grouped_units": grouped_units, **{name: _record(r) for name, r in (
                 ("fsdp", fsdp), ("grouped", grouped), ("from_mesh", from_mesh), ("to_sp", to_sp),
-                ("from_single", from_single), ("to_ddp", to_ddp))}}
+                ("from_single", from_single), ("to_ddp", to_ddp), ("regrouped", regrouped))}}
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +193,8 @@ def test_resume_at_the_same_world_size_is_bit_exact(runs):
 
 
 @pytest.mark.parametrize("name, reference", [("from_mesh", ("four", "straight")), ("to_sp", ("two", "fsdp")),
-                                             ("from_single", ("single",)), ("to_ddp", ("two", "fsdp"))])
+                                             ("from_single", ("single",)), ("to_ddp", ("two", "fsdp")),
+                                             ("regrouped", ("two", "fsdp"))])
 def test_resume_at_another_world_size_continues_the_run(runs, name, reference):
     """The steps before the checkpoint come from it unchanged; the ones after equal the uninterrupted run's."""
     ref = runs[reference[0]] if len(reference) == 1 else runs[reference[0]][0][reference[1]]

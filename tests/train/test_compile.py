@@ -1,11 +1,12 @@
 """``train --compile``: every decoder block is compiled (before activation checkpointing's recomputation and FSDP2's
-sharding wrap it), without graph breaks, and trains the eager run.
+sharding wrap it, one block or several to a unit), without graph breaks, and trains the eager run.
 
 The trainer compiles with the default backend (inductor), which takes minutes on a 2-core CPU; here the blocks'
 ``compile()`` is pointed at ``aot_eager``, which traces forward and backward the same way (Dynamo, AOTAutograd) and
 runs the captured graphs eagerly.
 """
 
+import pytest
 import torch
 import torch._dynamo.utils as dynamo_utils
 from torch import nn
@@ -13,7 +14,8 @@ from torch import nn
 from lightning_attention.train import TrainConfig, parallel, train
 
 
-def test_compile_captures_every_block_whole_under_fsdp_with_checkpointing(tmp_path, monkeypatch):
+@pytest.mark.parametrize("unit_blocks", [1, 2], ids=["a-unit-per-block", "one-unit-of-two-blocks"])
+def test_compile_captures_every_block_whole_under_fsdp_with_checkpointing(tmp_path, monkeypatch, unit_blocks):
     compiled = []
     real_compile = nn.Module.compile
 
@@ -25,7 +27,8 @@ def test_compile_captures_every_block_whole_under_fsdp_with_checkpointing(tmp_pa
     eager = train(TrainConfig.smoke(out=str(tmp_path / "eager"), steps=3, progress=False))
     torch._dynamo.reset()
     dynamo_utils.counters.clear()
-    options = {"steps": 3, "progress": False, "compile": True, "data_parallel": "fsdp", "gradient_checkpointing": True}
+    options = {"steps": 3, "progress": False, "compile": True, "data_parallel": "fsdp", "gradient_checkpointing": True,
+               "fsdp_unit_blocks": unit_blocks}
     result = train(TrainConfig.smoke(out=str(tmp_path / "compiled"), **options))
     assert compiled == ["TransNormerDecoderLayer"] * 2  # the smoke preset's two blocks, nothing else
     assert dynamo_utils.counters["stats"]["unique_graphs"] >= 1
