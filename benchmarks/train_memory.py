@@ -28,11 +28,12 @@ bf16 rounding: same weights, same tokens). An out-of-memory configuration is rec
 
 ``--profile-steps N`` then runs N more steps of each configuration under ``torch.profiler`` and adds, per rank and per
 step: ``gpu_busy_ms`` (time some kernel other than NCCL's ran), ``nccl_ms`` (time an NCCL kernel ran: transfer, or
-waiting for the other ranks to reach the collective), ``nccl_exposed_ms`` (NCCL time with no other kernel beside it)
-and ``host_busy_ms`` (the host's CPU time in PyTorch, the runtime and the driver, less its waits for the GPU). Under
-the profiler the steps run slower; compare ranks and strategies, not these times with ``step_ms``. On more than one
-GPU the run first measures the interconnect (``interconnect`` in the JSON): an all-gather of one rank's share of the
-model's float32 parameters, FSDP2's per-step traffic, and an all-reduce of all of them, DDP's.
+waiting for the other ranks to reach the collective), ``nccl_exposed_ms`` (NCCL time with no other kernel beside it) and
+``host_busy_ms`` (the host's CPU time in PyTorch, the runtime and the driver, summed over its threads, less its waits
+for the GPU). Under the profiler the steps run slower; compare ranks and strategies, not these times with ``step_ms``.
+On more than one GPU the run first measures the interconnect (``interconnect`` in the JSON): an all-gather of one rank's
+share of the model's float32 parameters (FSDP2 makes two such all-gathers and a reduce-scatter of that size a step)
+and an all-reduce of all of them (DDP's gradients).
 
 CPU smoke test (gloo, the smoke preset, ``aot_eager`` in place of inductor)::
 
