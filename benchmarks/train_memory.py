@@ -82,8 +82,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--compile", default="off,on", help="per-block torch.compile: off, on or both")
     p.add_argument("--compile-backend", default=None, help="torch.compile backend (inductor)")
     p.add_argument("--sequence-parallel", default="1", help="ranks per sequence-parallel group, e.g. 1,2")
-    p.add_argument("--fsdp-unit-blocks", default="1",
-                   help="FSDP2: decoder blocks per fully_shard unit, e.g. 1,3 (each value a configuration)")
+    p.add_argument("--fsdp-unit-blocks", default=str(parallel.DEFAULT_UNIT_BLOCKS),
+                   help="FSDP2: decoder blocks per fully_shard unit, e.g. 1,3 (each value a configuration; "
+                        f"default {parallel.DEFAULT_UNIT_BLOCKS}, the trainer's)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--budget-s", type=float, default=270.0, help="start no configuration after this many seconds")
     p.add_argument("--profile-steps", type=int, default=0,
@@ -139,7 +140,8 @@ def measure(conf: dict, args, info: dist_utils.DistInfo, device: torch.device, l
     record = {"parameters": parameter_count(model)}
     net = prepare_model(model, layout, device, data_parallel=conf["strategy"],
                         gradient_checkpointing=conf["checkpointing"], compile=conf["compile"],
-                        compile_backend=args.compile_backend, fsdp_unit_blocks=conf["fsdp_unit_blocks"] or 1)
+                        compile_backend=args.compile_backend,
+                        fsdp_unit_blocks=conf["fsdp_unit_blocks"] or parallel.DEFAULT_UNIT_BLOCKS)
     if fill is not None:
         fill()
         del fill

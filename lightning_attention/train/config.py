@@ -6,6 +6,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 
 from lightning_attention.models.presets import PRESETS
 from lightning_attention.train.errors import UserError
+from lightning_attention.train.parallel import DEFAULT_UNIT_BLOCKS
 
 # the values of ``--smoke`` (CI): the smoke preset, a few steps of a few short sequences, seconds on a CPU
 SMOKE = dict(preset="smoke", steps=6, context=64, batch_size=4, eval_every=3, eval_batches=2, warmup=2,
@@ -106,8 +107,9 @@ class TrainConfig:
                                        "and optimizer state sharded over the ranks)", choices=("ddp", "fsdp"))
     # FSDP2's host work per step grows with its units (one all-gather and one reduce-scatter each); with few tokens per
     # rank (sequence parallelism, activation checkpointing's recompute) it can outlast the GPU's work
-    fsdp_unit_blocks: int = option(1, "with --data-parallel fsdp: consecutive decoder blocks sharded as one unit "
-                                      "(fewer units, less host work per step; more parameters gathered at once)")
+    fsdp_unit_blocks: int = option(DEFAULT_UNIT_BLOCKS, "with --data-parallel fsdp: consecutive decoder blocks sharded "
+                                   "as one unit (fewer units, less host work per step; more parameters gathered at "
+                                   "once; 1: a unit per block)")
 
     def __post_init__(self):
         if isinstance(self.resume_overrides, str):

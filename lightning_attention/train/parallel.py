@@ -38,6 +38,11 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
     from torch.distributed.device_mesh import DeviceMesh
 
+# decoder blocks per FSDP2 unit by default: three matched DDP's tokens/s where one per unit trailed it by 20%, and
+# gained 10-23% under activation checkpointing and sequence parallelism, at the same peak memory (the 400m preset on
+# 2 × H200: docs/performance.md, "Units of several blocks")
+DEFAULT_UNIT_BLOCKS = 3
+
 STRATEGIES = ("ddp", "fsdp")
 
 
@@ -88,7 +93,8 @@ def decoder_blocks(model: nn.Module) -> list[nn.Module]:
 
 
 def parallelize(model: nn.Module, layout: Layout, strategy: str, device: torch.device, *,
-                compile: bool = False, compile_backend: str = "inductor", unit_blocks: int = 1) -> nn.Module:
+                compile: bool = False, compile_backend: str = "inductor",
+                unit_blocks: int = DEFAULT_UNIT_BLOCKS) -> nn.Module:
     """Prepares ``model`` (on ``device``, activation checkpointing already enabled if wanted) for training; returns
     the module to call in the training loop.
 
@@ -97,9 +103,9 @@ def parallelize(model: nn.Module, layout: Layout, strategy: str, device: torch.d
     returned as it is. Build the optimizer afterwards, from ``model.parameters()``.
 
     ``unit_blocks`` (``fsdp``): consecutive decoder blocks sharded as one unit, gathered and reduce-scattered
-    together. FSDP2's host work per step grows with its units, and with few tokens per rank it can outlast the GPU's
-    work; fewer, larger units hold more unsharded parameters at once (docs/performance.md, "Training at 400M
-    parameters: DDP against FSDP2").
+    together (:data:`DEFAULT_UNIT_BLOCKS`; 1 is the unit PyTorch's documentation shows). FSDP2's host work per step
+    grows with its units, and with few tokens per rank it can outlast the GPU's work; fewer, larger units hold more
+    unsharded parameters at once (docs/performance.md, "Training at 400M parameters: DDP against FSDP2").
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")

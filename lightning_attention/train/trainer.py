@@ -167,7 +167,7 @@ def enable_activation_checkpointing(model) -> None:
 
 def prepare_model(model, layout: parallel.Layout, device: torch.device, *, data_parallel: str = "ddp",
                   gradient_checkpointing: bool = False, compile: bool = False, compile_backend: str = "inductor",
-                  fsdp_unit_blocks: int = 1):
+                  fsdp_unit_blocks: int = parallel.DEFAULT_UNIT_BLOCKS):
     """Activation checkpointing first (PyTorch's order: before ``torch.compile`` and ``fully_shard``), then
     :func:`~lightning_attention.train.parallel.parallelize` (``fsdp_unit_blocks``: its ``unit_blocks``); returns the
     module to call in the training loop."""

@@ -100,10 +100,10 @@ def _two_ranks(rank, world_size, workdir) -> dict:
     the global batch anew."""
     runs = workdir.parent / "runs"
     builds, units, grouped_units = [], [], []
-    with _recording_builds(builds), _recording_units(units):
-        fsdp = train(_cfg(runs / "fsdp", data_parallel="fsdp", batch_size=2))
-    with _recording_units(grouped_units):  # the smoke preset's two decoder blocks as one unit
-        grouped = train(_cfg(runs / "fsdp-grouped", data_parallel="fsdp", batch_size=2, fsdp_unit_blocks=2))
+    with _recording_builds(builds), _recording_units(units):  # one FSDP2 unit per decoder block
+        fsdp = train(_cfg(runs / "fsdp", data_parallel="fsdp", batch_size=2, fsdp_unit_blocks=1))
+    with _recording_units(grouped_units):  # the default units: the smoke preset's two decoder blocks as one
+        grouped = train(_cfg(runs / "fsdp-grouped", data_parallel="fsdp", batch_size=2))
     # saved on 4 ranks (dp 2 x sp 2), resumed on 2 without sequence parallelism
     from_mesh = train(_cfg(runs / "from-mesh", data_parallel="fsdp", sequence_parallel=1, batch_size=2,
                            resume=str(runs / "mesh" / "previous")))
@@ -115,8 +115,8 @@ def _two_ranks(rank, world_size, workdir) -> dict:
                              resume=str(runs / "single" / "previous")))
     # saved by FSDP2, resumed by DDP on the same ranks: sharded optimizer state into full replicas
     to_ddp = train(_cfg(runs / "to-ddp", data_parallel="ddp", batch_size=2, resume=str(runs / "fsdp" / "previous")))
-    # saved with one decoder block per FSDP2 unit, resumed with both blocks in one unit
-    regrouped = train(_cfg(runs / "regrouped", data_parallel="fsdp", batch_size=2, fsdp_unit_blocks=2,
+    # saved with one decoder block per FSDP2 unit, resumed with the default units (both blocks in one)
+    regrouped = train(_cfg(runs / "regrouped", data_parallel="fsdp", batch_size=2,
                            resume=str(runs / "fsdp" / "previous")))
     return {"builds": builds, "failed_build": _failed_build(rank, world_size), "units": units,
             "grouped_units": grouped_units, **{name: _record(r) for name, r in (
@@ -179,8 +179,8 @@ def test_fsdp_only_on_2_ranks_trains_like_one_process(runs):
 
 
 def test_fsdp_units_of_several_blocks_train_like_one_process(runs):
-    """``fsdp_unit_blocks``: by default one unit per decoder block, then the root; with 2, the smoke preset's two
-    blocks are one unit. The training is the same."""
+    """``fsdp_unit_blocks``: with 1, one unit per decoder block, then the root; by default (three blocks per unit)
+    the smoke preset's two blocks are one unit. The training is the same."""
     two = runs["two"][0]
     assert two["units"] == ["TransNormerDecoderLayer", "TransNormerDecoderLayer", "TransNormerForCausalLM"]
     assert two["grouped_units"] == [2, "TransNormerForCausalLM"]
