@@ -13,13 +13,13 @@ With W processes and ``sequence_parallel = sp`` (see :func:`lightning_attention.
   over both is how PyTorch composes FSDP2 with context parallelism (TorchTitan's ``dp_shard_cp``).
 
 Order (FSDP2's documentation): activation checkpointing (``trainer.prepare_model`` enables it), then ``torch.compile``
-of each decoder block, then ``fully_shard`` of each run of ``unit_blocks`` consecutive blocks (three by default, one
-with 1) and of the root (embeddings, final norm, LM head). The blocks are the modules the model names in
-``_no_split_modules`` (transformers' own list of units not to split, what accelerate's FSDP wrapping uses). Compiling
-per block (``Module.compile``, in place) captures each block's forward and backward whole with FSDP2's all-gather hooks
-left to run eagerly (no graph break: tests/train/test_compile.py), compiles one graph that every block of the same
-structure reuses, and leaves parameter names (and so the checkpoint) unchanged; the same is done under DDP, so
-``--compile`` means one thing.
+of each decoder block, then ``fully_shard`` of each run of ``unit_blocks`` consecutive blocks
+(:data:`DEFAULT_UNIT_BLOCKS` by default; 1 gives a unit per block) and of the root (embeddings, final norm, LM head).
+The blocks are the modules the model names in ``_no_split_modules`` (transformers' own list of units not to split, what
+accelerate's FSDP wrapping uses). Compiling per block (``Module.compile``, in place) captures each block's forward and
+backward whole with FSDP2's all-gather hooks left to run eagerly (no graph break: tests/train/test_compile.py), compiles
+one graph that every block of the same structure reuses, and leaves parameter names (and so the checkpoint) unchanged;
+the same is done under DDP, so ``--compile`` means one thing.
 
 Both strategies run the same arithmetic (bf16 autocast on CUDA, float32 parameters, gradients averaged in float32),
 so a run may switch between them, and between world sizes, on ``--resume``.
