@@ -317,7 +317,10 @@ def fla_untuned(monkeypatch):
     monkeypatch.setattr(Autotuner, "prune_configs", first_for_fla)
 
 
+# one xdist worker takes every case: one after another in one process they took 37 s on an H200, where five workers
+# running them side by side took 183-294 s each (docs/performance.md, "Producing a run")
 @pytest.mark.gpu
+@pytest.mark.xdist_group("fla")
 @pytest.mark.parametrize("function, cu_seqlens, reverse", GPU_CASES)
 def test_matches_fla_wheel_on_cuda_bf16(function, cu_seqlens, reverse, fla_untuned):
     """FLA's own functions and this module, on the same bf16 CUDA inputs, each against the float64 recurrence.

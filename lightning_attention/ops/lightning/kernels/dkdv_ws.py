@@ -13,22 +13,25 @@ head) and splits G by value columns:
 
       dv_c = scale·[(K Qᵀ) ⊙ D] dO_c + Λ K G_c
 
-  dk sums over every value column, so each consumer computes the part of its value half, and the two parts meet in
-  shared memory::
+  dk sums over every value column::
 
-      dk = Σ_c scale·[(V_c dO_cᵀ) ⊙ D] Q + Λ V_c G_cᵀ
+      dk = scale·[(V dOᵀ) ⊙ D] Q + Λ Σ_c V_c G_cᵀ
 
-  consumer c computes its part of the other consumer's K/2 key columns first and hands it over through a float32
-  tile, then its part of its own key columns, adds the other's and stores them (each stores half of dk);
+  so consumer c computes dk's key columns c·K/2 … whole: the scores V dOᵀ over both value halves (both are in the
+  stage), and V_c G_cᵀ from both consumers' G operands. Each consumer keeps the bf16 operand copy of its G_c in
+  shared memory for its own products anyway; the other reads it there too, so the copies are double-buffered (the
+  one of chunk i in buffer i % 2) with a "full" barrier per copy that its writer arrives on and an "empty" one that
+  the other consumer arrives on once its products have read it;
 - G_c = λ^(L-1+d0) G_c + Qᵀ (scale·Λ' dO_c), the walk's update with the decay on the do rows.
 
 Bytes: q, k, v, do read once and dk, dv written once: 6 tensor passes instead of the two walks' 8. Roundings are the
-two walks' (scores, G and the weighted do to bf16 as mma operands; accumulators fp32), but that dk's scores are
-rounded per value half. The products of a chunk run one after another, two at a time at most: with more in flight
-the consumers spill (their registers hold G_c, 64 per thread, and the chunk's decay matrix, 32). Shared memory at
-K = V = 128 with two stages: 229,768 B as built for sm_90 (the stages 128 KB, G's operands 32 KB, the weighted do
-16 KB, one output tile per consumer 16 KB, the exchange 32 KB), of the 227 KB a block may take; dv and dk leave
-through the same output tile one after the other.
+two walks' (scores, G and the weighted do to bf16 as mma operands; accumulators fp32). The products of a chunk run in
+small groups, each waited for before the next: the consumers' registers hold G_c (64 per thread) and the chunk's decay
+matrix (32), and more products in flight made them spill; this order builds without spills (sm_90, Triton 3.8). At
+K = V = 128 with two stages: 229,784 B as built for sm_90 (the stages 128 KB, G's two operand copies per consumer
+64 KB, the weighted do 16 KB, one output tile per consumer 16 KB), of the 227 KB a block may take; dv and dk leave
+through the same output tile one after the other. Each consumer's key columns coming whole spares the float32 tile
+through which the consumers once added up each other's parts of dk (docs/kernels.md, "Two warpgroups at K = 128").
 
 Only the shapes the plan gives it (``plan.use_dkdv_ws``): bf16 with the bf16 inter product, K = V = 128, fixed-length
 batches, whole sequences or host-planned segments (``SEG_IN``), tensor descriptors, sm_90. Gluon has no interpreter:
@@ -92,24 +95,25 @@ if gluon is not None:
                 tma.async_copy_global_to_shared(do_desc, [lo, h * BV], ready.index(s), do_s.index(2 * s + h))
 
     @gluon.jit
-    def _dk_part(vc, g_s, q, ds, inter, HALF: gl.constexpr, KH: gl.constexpr, BT: gl.constexpr,
-                 mma: gl.constexpr):  # fmt: skip
-        """This consumer's part of dk's key columns HALF·KH … [BT, KH]: Λ V_c G_c[those rows]ᵀ + (ds ⊙ D) Q[:, those
-        columns], the two products in flight together; ``inter`` [BT] is Λ's diagonal."""
-        a = warpgroup_mma(vc, g_s.slice(HALF * KH, KH, dim=0).permute((1, 0)), gl.zeros([BT, KH], gl.float32, mma),
-                          use_acc=False, is_async=True)  # fmt: skip
-        b = warpgroup_mma(ds, q.slice(HALF * KH, KH, dim=1), gl.zeros([BT, KH], gl.float32, mma), use_acc=False,
-                          is_async=True)  # fmt: skip
-        a, b = warpgroup_mma_wait(num_outstanding=0, deps=(a, b))
-        return a * inter[:, None] + b
+    def _publish_g(G, g_s, g_full, g_empty, CID: gl.constexpr, w):
+        """Stores consumer CID's G_c as its w-th bf16 operand copy (w = the chunk that reads it) in its buffer w % 2,
+        once the other consumer has read copy w - 2 from there, and tells the other consumer it is there."""
+        slot = 2 * CID + w % 2
+        # a fresh barrier counts as read for the phase before its first (parity 1): copies 0 and 1 pass
+        mbarrier.wait(g_empty.index(slot), ((w // 2) & 1) ^ 1)
+        g_s.index(slot).store(G.to(gl.bfloat16))
+        fence_async_shared()  # both consumers' products read it through the async proxy
+        _sync_warpgroup()  # every thread's part is in shared memory before the one arrival
+        mbarrier.arrive(g_full.index(slot), count=1)
 
     @gluon.jit
-    def _dkdv_consumer(CID: gl.constexpr, dk_desc, dv_desc, q_s, k_s, v_s, do_s, ready, empty, g_s, dod_s, out_s,
-                       x_s, x_full, x_empty, g_in, sin_k, sin_v, dh0, sh0_k, sh0_v, n_chunks, bos, eos, last, c, scale,
+    def _dkdv_consumer(CID: gl.constexpr, dk_desc, dv_desc, q_s, k_s, v_s, do_s, ready, empty, g_s, g_full, g_empty,
+                       dod_s, out_s, g_in, sin_k, sin_v, dh0, sh0_k, sh0_v, n_chunks, bos, eos, last, c, scale,
                        DK: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, STAGES: gl.constexpr,
                        HAS_IN: gl.constexpr, STORE_HT: gl.constexpr):  # fmt: skip
         """Walks G_c (value columns CID·BV …) from the incoming G at ``g_in`` (zeros without HAS_IN), storing each
-        chunk's dv_c and key columns CID·DK/2 … of dk, and with STORE_HT dh0 = λ^d0 G_0 at ``dh0``."""
+        chunk's dv_c and key columns CID·DK/2 … of dk, and with STORE_HT dh0 = λ^d0 G_0 at ``dh0``. G_c's bf16
+        operand for chunk i is in ``g_s`` slot 2·CID + i % 2, where the other consumer reads it too."""
         # a consumer's half of the key columns is as wide as its value half, so dk's tiles take dv's layouts
         KH: gl.constexpr = DK // 2
         gl.static_assert(KH == BV)
@@ -121,25 +125,24 @@ if gluon is not None:
         col0 = CID * BV
 
         # scale · λ^(j - i) for later-or-same tokens j >= i of a chunk, 0 above them (the reverse walk's mask): the dv
-        # scores K Qᵀ and the dk scores V_c dO_cᵀ take the same factors
+        # scores K Qᵀ and the dk scores V dOᵀ take the same factors
         decay = _intra_decay(c, scale, BT, True, mma_a)
         to = gl.arange(0, BT, layout=gl.SliceLayout(1, mma_v))
         tv = gl.arange(0, BT, layout=gl.SliceLayout(1, v_blk))
 
         G = _initial_state(g_in, sin_k, sin_v, col0, DK, BV, HAS_IN, mma_v)
         d0 = gl.where(last, 0, 1)  # 0 while the walk starts from dht (not decayed before the last token)
-        g_s.store(G.to(gl.bfloat16))
-        fence_async_shared()
+        _publish_g(G, g_s, g_full, g_empty, CID, 0)
         for i in range(n_chunks):
             s, lo, L = _wait_chunk(ready, i, n_chunks, bos, eos, BT, STAGES, True)
             q = q_s.index(s)
             k = k_s.index(s)
-            vc = v_s.index(2 * s + CID)
             doc = do_s.index(2 * s + CID)
+            g_own = g_s.index(2 * CID + i % 2)
             # dv_c = Λ K G_c + (P ⊙ D) dO_c with P = K Qᵀ: the scores and the inter product issued together
             p_acc = warpgroup_mma(k, q.permute((1, 0)), gl.zeros([BT, BT], gl.float32, mma_a), use_acc=False,
                                   is_async=True)  # fmt: skip
-            dv_acc = warpgroup_mma(k, g_s, gl.zeros([BT, BV], gl.float32, mma_v), use_acc=False, is_async=True)
+            dv_acc = warpgroup_mma(k, g_own, gl.zeros([BT, BV], gl.float32, mma_v), use_acc=False, is_async=True)
             p_acc = warpgroup_mma_wait(num_outstanding=1, deps=(p_acc,))
             # the mask selects, never multiplies (0·NaN = NaN: a non-finite score must not reach another token)
             p = gl.convert_layout(gl.where(decay != 0.0, p_acc * decay, 0.0).to(gl.bfloat16), a_op_v)
@@ -152,25 +155,26 @@ if gluon is not None:
             out_s.store(dv_acc.to(gl.bfloat16))
             fence_async_shared()
             tma.async_copy_shared_to_global(dv_desc, [lo, col0], out_s)
-            # dk's scores from this value half, V_c dO_cᵀ
-            ds_acc = warpgroup_mma(vc, doc.permute((1, 0)), gl.zeros([BT, BT], gl.float32, mma_a), use_acc=False,
+            # dk's scores over all value columns, V dOᵀ = V_0 dO_0ᵀ + V_1 dO_1ᵀ (both halves are in the stage)
+            ds_acc = warpgroup_mma(v_s.index(2 * s), do_s.index(2 * s).permute((1, 0)),
+                                   gl.zeros([BT, BT], gl.float32, mma_a), use_acc=False, is_async=True)  # fmt: skip
+            ds_acc = warpgroup_mma(v_s.index(2 * s + 1), do_s.index(2 * s + 1).permute((1, 0)), ds_acc,
                                    is_async=True)  # fmt: skip
             ds_acc = warpgroup_mma_wait(num_outstanding=0, deps=(ds_acc,))
             ds = gl.convert_layout(gl.where(decay != 0.0, ds_acc * decay, 0.0).to(gl.bfloat16), a_op_v)
-            # dk's partial for the other consumer's key columns, Λ V_c G_c[cols]ᵀ + (ds ⊙ D) Q[:, cols], handed over
-            x = _dk_part(vc, g_s, q, ds, inter, OTHER, KH, BT, mma_v)
-            mbarrier.wait(x_empty.index(OTHER), (i & 1) ^ 1)  # the other consumer has read the previous chunk's
-            x_s.index(OTHER).store(x)
-            _sync_warpgroup()  # every thread's part is in shared memory before the one arrival
-            mbarrier.arrive(x_full.index(OTHER), count=1)
-            # this consumer's key columns
-            y = _dk_part(vc, g_s, q, ds, inter, CID, KH, BT, mma_v)
-            mbarrier.wait(x_full.index(CID), i & 1)
-            y = y + x_s.index(CID).load(mma_v)
-            _sync_warpgroup()  # every thread has read the exchange tile before it is released
-            mbarrier.arrive(x_empty.index(CID), count=1)
+            # this consumer's key columns of dk: Λ (V_0 G_0ᵀ + V_1 G_1ᵀ)[:, cols] + (ds ⊙ D) Q[:, cols], G_1-c's
+            # operand read from the other consumer's buffer once it is there
+            mbarrier.wait(g_full.index(2 * OTHER + i % 2), (i // 2) & 1)
+            vg = gl.zeros([BT, KH], gl.float32, mma_v)
+            for h in gl.static_range(2):
+                g_h = g_s.index(2 * h + i % 2).slice(CID * KH, KH, dim=0).permute((1, 0))
+                vg = warpgroup_mma(v_s.index(2 * s + h), g_h, vg, use_acc=h > 0, is_async=True)
+            dsq = warpgroup_mma(ds, q.slice(CID * KH, KH, dim=1), gl.zeros([BT, KH], gl.float32, mma_v),
+                                use_acc=False, is_async=True)  # fmt: skip
+            vg, dsq = warpgroup_mma_wait(num_outstanding=0, deps=(vg, dsq))
+            mbarrier.arrive(g_empty.index(2 * OTHER + i % 2), count=1)  # done with the other's G operand
             tma.store_wait(pendings=0)  # dv has left out_s
-            out_s.store(y.to(gl.bfloat16))
+            out_s.store((vg * inter[:, None] + dsq).to(gl.bfloat16))
             fence_async_shared()
             tma.async_copy_shared_to_global(dk_desc, [lo, CID * KH], out_s)
             # G_c = λ^(L-1+d0) G_c + Qᵀ (scale · λ^(L-1-r) dO_c): the factors on the do tile's rows (r = L-1-t)
@@ -180,8 +184,7 @@ if gluon is not None:
             G = warpgroup_mma(q.permute((1, 0)), dod_s, G * gl.exp2(-c * (L - 1 + d0).to(gl.float32)), is_async=True)
             G = warpgroup_mma_wait(num_outstanding=0, deps=(G,))
             mbarrier.arrive(empty.index(s), count=1)  # this consumer is done with the stage's tiles
-            g_s.store(G.to(gl.bfloat16))
-            fence_async_shared()
+            _publish_g(G, g_s, g_full, g_empty, CID, i + 1)
             d0 = d0 * 0 + 1
         tma.store_wait(pendings=0)
         if STORE_HT:
@@ -216,10 +219,6 @@ if gluon is not None:
 
         v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], gl.bfloat16)
         g_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([DK, BV], gl.bfloat16)
-        # the exchange tile is written and read in the accumulator's layout, never by an mma: rows swizzled in 32-byte
-        # units so that the four rows a half-warp stores or loads fall on distinct banks (docs/kernels.md, "Two
-        # warpgroups at K = 128")
-        x_layout: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 4, [1, 0])
         q_desc = _rows_desc(q, sq, n64, h64, eos, DK, BT, DK)
         k_desc = _rows_desc(k, sk, n64, h64, eos, DK, BT, DK)
         v_desc = _rows_desc(v, sv, n64, h64, eos, DV, BT, BV)
@@ -231,28 +230,27 @@ if gluon is not None:
 
         q_s, k_s, v_s, ready, empty = _stages(BT, DK, BV, STAGES, True)
         do_s = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, BT, BV], v_layout)  # the stages' do tiles
-        g_s0 = gl.allocate_shared_memory(gl.bfloat16, [DK, BV], g_layout)
-        g_s1 = gl.allocate_shared_memory(gl.bfloat16, [DK, BV], g_layout)
+        # G's bf16 operands: consumer c's copy for chunk i in slot 2·c + i % 2, read by both consumers; a copy's
+        # "full" barrier is its writer's, its "empty" one the other consumer's (the writer's own reads come first)
+        g_s = gl.allocate_shared_memory(gl.bfloat16, [4, DK, BV], g_layout)
+        g_full = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+        g_empty = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+        for slot in gl.static_range(4):
+            mbarrier.init(g_full.index(slot), count=1)
+            mbarrier.init(g_empty.index(slot), count=1)
         dod_s0 = gl.allocate_shared_memory(gl.bfloat16, [BT, BV], v_layout)
         dod_s1 = gl.allocate_shared_memory(gl.bfloat16, [BT, BV], v_layout)
         out_s0 = gl.allocate_shared_memory(gl.bfloat16, [BT, BV], v_layout)
         out_s1 = gl.allocate_shared_memory(gl.bfloat16, [BT, BV], v_layout)
-        # the exchange of dk's partials: x_s[c] receives the other consumer's partial of consumer c's key columns
-        x_s = gl.allocate_shared_memory(gl.float32, [2, BT, DK // 2], x_layout)
-        x_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        x_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for h in gl.static_range(2):
-            mbarrier.init(x_full.index(h), count=1)
-            mbarrier.init(x_empty.index(h), count=1)
         n_chunks = gl.cdiv(eos - bos, BT)
         HAS_IN: gl.constexpr = SEG_IN or USE_H0
         gl.warp_specialize(
             [
-                (_dkdv_consumer, (0, dk_desc, dv_desc, q_s, k_s, v_s, do_s, ready, empty, g_s0, dod_s0, out_s0, x_s,
-                                  x_full, x_empty, g_in, sin_k, sin_v, g_out, sh0[2], sh0[3], n_chunks, bos, eos, last,
+                (_dkdv_consumer, (0, dk_desc, dv_desc, q_s, k_s, v_s, do_s, ready, empty, g_s, g_full, g_empty,
+                                  dod_s0, out_s0, g_in, sin_k, sin_v, g_out, sh0[2], sh0[3], n_chunks, bos, eos, last,
                                   c, scale, DK, BT, BV, STAGES, HAS_IN, STORE_HT)),
-                (_dkdv_consumer, (1, dk_desc, dv_desc, q_s, k_s, v_s, do_s, ready, empty, g_s1, dod_s1, out_s1, x_s,
-                                  x_full, x_empty, g_in, sin_k, sin_v, g_out, sh0[2], sh0[3], n_chunks, bos, eos, last,
+                (_dkdv_consumer, (1, dk_desc, dv_desc, q_s, k_s, v_s, do_s, ready, empty, g_s, g_full, g_empty,
+                                  dod_s1, out_s1, g_in, sin_k, sin_v, g_out, sh0[2], sh0[3], n_chunks, bos, eos, last,
                                   c, scale, DK, BT, BV, STAGES, HAS_IN, STORE_HT)),
                 (_dkdv_producer, (q_desc, k_desc, v_desc, do_desc, q_s, k_s, v_s, do_s, ready, empty, n_chunks, bos,
                                   BT, BV, STAGES)),
