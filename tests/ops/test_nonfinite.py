@@ -113,6 +113,88 @@ def test_non_finite_token_does_not_cross_packed_sequences(poisoned, value, confi
         assert torch.equal(got[out][0, 64:], clean[out][0, 64:]), f"{out} of the next sequence changed"
 
 
+def _run_packed(x, slope, cu, h0, op=None):
+    """o, the final states and the gradients of q, k, v and the initial states of a packed call (PyTorch path)."""
+    leaves = [x[n].clone().requires_grad_() for n in ("q", "k", "v")] + [h0.clone().requires_grad_()]
+    op = op or la.lightning_attn
+    o, ht = op(*leaves[:3], slope, cu_seqlens=cu, initial_state=leaves[3], output_final_state=True)
+    dq, dk, dv, dh0 = torch.autograd.grad(o, leaves, x["do"])
+    return {"o": o.detach()[0], "dq": dq[0], "dk": dk[0], "dv": dv[0], "ht": ht.detach(), "dh0": dh0}
+
+
+def _poison(x, name, token):
+    x = dict(x)
+    x[name] = x[name].clone()
+    x[name][0, token, 1, 3] = float("nan")
+    return x
+
+
+@pytest.mark.parametrize("poisoned", ["q", "k", "v"])
+@pytest.mark.parametrize("bad, other", [(30, 1), (140, 0)], ids=["first-block", "after-shared-block"])
+def test_non_finite_token_reaches_another_packed_sequence_only_in_its_block(poisoned, bad, other, configure):
+    """The first sequence runs over two 64-token blocks and the next starts in the second (tokens 64..127 shared): a
+    non-finite value outside the shared block reaches nothing of the other sequence, forward or backward, its final
+    state and its initial state's gradient included. The state carried into a block is selected on both sides of
+    its product, so a token that does not read it takes neither its non-finite values into dq nor gives its own
+    non-finite q to the state's gradient."""
+    configure(backend="torch")
+    x, slope = _inputs(seed=3)
+    cu = torch.tensor([0, 100, T])
+    h0 = torch.randn(2, H, K, V, generator=torch.Generator().manual_seed(4))
+    clean = _run_packed(x, slope, cu, h0)
+    got = _run_packed(_poison(x, poisoned, bad), slope, cu, h0)
+    tokens = slice(int(cu[other]), int(cu[other + 1]))
+    for out in ("o", "dq", "dk", "dv"):
+        assert torch.equal(got[out][tokens], clean[out][tokens]), f"{out} of the other sequence"
+    for out in ("ht", "dh0"):
+        assert torch.equal(got[out][other], clean[out][other]), f"{out} of the other sequence"
+
+
+@pytest.mark.parametrize("poisoned", ["q", "k", "v"])
+def test_non_finite_token_reaches_no_other_packed_sequence_state(poisoned, configure):
+    """A short first sequence (tokens 0..9) and a non-finite value of the next one in the block they share: the
+    first sequence's final state and its initial state's gradient come out as in a clean run (its h0 term is taken
+    over a window of its first 64 tokens, of which the others are selected out, q included)."""
+    configure(backend="torch")
+    x, slope = _inputs(seed=7)
+    cu = torch.tensor([0, 10, T])
+    h0 = torch.randn(2, H, K, V, generator=torch.Generator().manual_seed(8))
+    clean = _run_packed(x, slope, cu, h0)
+    got = _run_packed(_poison(x, poisoned, 30), slope, cu, h0)
+    for out in ("ht", "dh0"):
+        assert torch.equal(got[out][0], clean[out][0]), f"{out} of the first sequence"
+
+
+@pytest.mark.parametrize("poisoned", ["q", "k", "v"])
+def test_inter_only_packed_non_finite_stays_in_the_neighbouring_row_blocks(poisoned, configure):
+    """The inter-only mode on packed sequences (PyTorch path) sums each token's partial state over a window of the
+    row's blocks of ``chunk_size`` tokens, its own and the one before, which may hold other sequences' tokens: a
+    non-finite value reaches other sequences only in the row blocks next to its own (docs/design.md, "Non-finite
+    values and overflow"); their other tokens, final states and initial states' gradients come out as in a clean
+    run."""
+    from lightning_attention.ops.lightning.inter import lightning_attn_inter
+
+    configure(backend="torch")
+    C, bad = 16, 45  # row blocks of 16 tokens: the poisoned token in block 2, of the second sequence
+    x, slope = _inputs(seed=5)
+    cu = torch.tensor([0, 37, 90, T])
+    h0 = torch.randn(3, H, K, V, generator=torch.Generator().manual_seed(6))
+
+    def op(*args, **kwargs):
+        return lightning_attn_inter(*args, chunk_size=C, **kwargs)
+
+    clean = _run_packed(x, slope, cu, h0, op)
+    got = _run_packed(_poison(x, poisoned, bad), slope, cu, h0, op)
+    t = torch.arange(T)
+    far = (t < (bad // C - 1) * C) | (t >= (bad // C + 2) * C)
+    others = far & ((t < 37) | (t >= 90))
+    assert others.any()
+    for out in ("o", "dq", "dk", "dv"):
+        assert torch.equal(got[out][others], clean[out][others]), f"{out} of another sequence"
+    for out in ("ht", "dh0"):
+        assert torch.equal(got[out][[0, 2]], clean[out][[0, 2]]), f"{out} of another sequence"
+
+
 @pytest.mark.parametrize("poisoned", ["k", "q"])
 def test_quadratic_reference_selects_its_mask(poisoned):
     x, slope = _inputs(seed=2)

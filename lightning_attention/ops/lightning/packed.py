@@ -123,9 +123,13 @@ def _outputs(rows: _RowLayout, qb, kb, vb, before, log_lambda) -> torch.Tensor:
     same = (seq[:, :, None] == seq[:, None, :]) & (dist >= 0)  # [NT, C, C]
     scores = torch.einsum("bihk,bjhk->bijh", qb, kb) * rows.decay(log_lambda, dist.clamp(min=0))
     o = torch.einsum("bijh,bjhv->bihv", torch.where(same[..., None], scores, 0.0), vb)
-    qd = qb * rows.decay(log_lambda, local + 1)[None, :, :, None]  # λ^(i+1) q_i
+    # λ^(i+1) q_i S_{b-1} for the tokens whose sequence runs on, selected in q as well as in the output: a token that
+    # does not read the state then takes none of its non-finite values into dq (the backward multiplies the state by
+    # that token's zero gradient) and gives none of its own to the state's gradient
+    runs_on = rows.runs_on_tok.reshape(NT, C)[..., None, None]
+    qd = torch.where(runs_on, qb * rows.decay(log_lambda, local + 1)[None, :, :, None], 0.0)
     carried = torch.einsum("bihk,bhkv->bihv", qd, before)
-    o = o + torch.where(rows.runs_on_tok.reshape(NT, C)[..., None, None], carried, 0.0)
+    o = o + torch.where(runs_on, carried, 0.0)
     return o.reshape(NT * C, *o.shape[2:])[: rows.T]
 
 
@@ -146,12 +150,15 @@ def _inter_outputs(rows: _RowLayout, qb, kb, vb, before, log_lambda) -> tuple[to
     b = t // C
     x_runs_on = rows.runs_on_tok[x]
     exponent = (t - bx * C + 1).reshape(NT, C)  # λ^(t-x) · λ^(x+1-c0(bx)) = λ^(t+1-c0(bx))
+    takes_carry = (reads_state & x_runs_on).reshape(NT, C)[..., None, None]
+    prev = (bx < b).reshape(NT, C)[..., None, None]
+    # each product's q selected to the tokens that take it, as well as its output (as in _outputs)
     qd = qb * rows.decay(log_lambda, exponent)[..., None]
-    in_this = torch.einsum("bihk,bhkv->bihv", qd, before)  # bx = b: S_{b-1}
-    in_prev = torch.einsum("bihk,bhkv->bihv", qd, torch.cat([before[:1], before[:-1]]))  # bx = b - 1: S_{b-2}
-    carried = torch.where((bx < b).reshape(NT, C)[..., None, None], in_prev, in_this)
-    takes_carry = (reads_state & x_runs_on).reshape(NT, C)
-    o = torch.where(takes_carry[..., None, None], carried, 0.0)
+    in_this = torch.einsum("bihk,bhkv->bihv", torch.where(takes_carry & ~prev, qd, 0.0), before)  # bx = b: S_{b-1}
+    in_prev = torch.einsum(  # bx = b - 1: S_{b-2}
+        "bihk,bhkv->bihv", torch.where(takes_carry & prev, qd, 0.0), torch.cat([before[:1], before[:-1]])
+    )
+    o = torch.where(takes_carry, torch.where(prev, in_prev, in_this), 0.0)
     # partial sums over block bx: keys of blocks b - 1 and b, those of x's block, sequence and up to x
     zeros = torch.zeros_like(kb[:1])
     keys = torch.cat([torch.cat([zeros, kb[:-1]]), kb], dim=1)  # [NT, 2C, H, K]
@@ -178,7 +185,9 @@ def _h0_terms(rows: _RowLayout, q, h0, log_lambda, wanted: torch.Tensor, width: 
     tok = cu[:-1, None] + r[None, :]  # [N, width]
     inside = (tok < cu[1:, None]) & wanted[tok.clamp(max=wanted.numel() - 1)]
     tok_c = tok.clamp(max=T - 1)
-    qd = q[tok_c] * rows.decay(log_lambda, r + 1)[None, :, :, None]  # [N, width, H, K]
+    # [N, width, H, K]; the window's other places hold other sequences' q: selected out, or a non-finite one would
+    # reach dh0 through the zero gradient of the spare row
+    qd = torch.where(inside[..., None, None], q[tok_c] * rows.decay(log_lambda, r + 1)[None, :, :, None], 0.0)
     terms = torch.einsum("nrhk,nhkv->nrhv", qd, h0)
     out = q.new_zeros(T + 1, *terms.shape[2:])
     out.index_add_(0, torch.where(inside, tok, T).flatten(), terms.flatten(0, 1))
