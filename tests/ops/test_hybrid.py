@@ -192,6 +192,35 @@ def test_hybrid_matches_reference(case):
         assert_close(name, a.grad, b.grad, qk_tol if name != "dv" else dtype)
 
 
+@pytest.mark.parametrize("C", [1, 3, 8, 16])
+def test_inter_only_packed_equals_per_sequence(C, configure):
+    """The PyTorch path's inter-only mode on packed sequences (each row block's state at its one x) against each
+    sequence alone: outputs, final states and the gradients of q, k, v and the initial states, in float64; lengths 0,
+    1, C, C + 1 and 2C + 3 and sequences that start inside a block, end in one or run over several."""
+    configure(backend="torch")
+    lens = [2 * C + 3, 0, 1, C, C + 1, 5 * C - 2, C + 1]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    T, N, H, K, V = int(cu[-1]), len(lens), 2, 8, 6
+    g = torch.Generator().manual_seed(C)
+    leaves = [torch.randn(1, T, H, d, generator=g, dtype=F64).requires_grad_() for d in (K, K, V)]
+    h0 = torch.randn(N, H, K, V, generator=g, dtype=F64).requires_grad_()
+    slope = mixed_slope(H).double()
+    do, dht = torch.randn(1, T, H, V, generator=g, dtype=F64), torch.randn(N, H, K, V, generator=g, dtype=F64)
+    o, ht = lightning_attn_inter(*leaves, slope, chunk_size=C, cu_seqlens=cu, initial_state=h0,
+                                 output_final_state=True)  # fmt: skip
+    grads = torch.autograd.grad((o * do).sum() + (ht * dht).sum(), [*leaves, h0])
+    for n, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+        own = [x.detach()[:, a:b].clone().requires_grad_() for x in leaves] + [h0.detach()[n:n + 1].requires_grad_()]
+        o_n, ht_n = lightning_attn_inter(*own[:3], slope, chunk_size=C, initial_state=own[3], output_final_state=True)
+        got = torch.autograd.grad((o_n * do[:, a:b]).sum() + (ht_n * dht[n:n + 1]).sum(), own, allow_unused=True)
+        got = [torch.zeros_like(x) if d is None else d for x, d in zip(own, got)]  # an empty sequence uses no token
+        assert_close(f"o of sequence {n}", o[:, a:b], o_n, 1e-12)
+        assert_close(f"final state of sequence {n}", ht[n:n + 1], ht_n, 1e-12)
+        for name, full, part in zip(("dq", "dk", "dv"), grads[:3], got[:3]):
+            assert_close(f"{name} of sequence {n}", full[:, a:b], part, 1e-12)
+        assert_close(f"dh0 of sequence {n}", grads[3][n:n + 1], got[3], 1e-12)
+
+
 def test_hybrid_varlen_equals_per_sequence():
     """Chunks restart at every packed sequence; lengths 0, 1 and 15 included."""
     cu = [0, 0, 1, 16, 43]

@@ -166,16 +166,14 @@ def test_non_finite_token_reaches_no_other_packed_sequence_state(poisoned, confi
 
 
 @pytest.mark.parametrize("poisoned", ["q", "k", "v"])
-def test_inter_only_packed_non_finite_stays_in_the_neighbouring_row_blocks(poisoned, configure):
-    """The inter-only mode on packed sequences (PyTorch path) sums each token's partial state over a window of the
-    row's blocks of ``chunk_size`` tokens, its own and the one before, which may hold other sequences' tokens: a
-    non-finite value reaches other sequences only in the row blocks next to its own (docs/design.md, "Non-finite
-    values and overflow"); their other tokens, final states and initial states' gradients come out as in a clean
-    run."""
+def test_inter_only_packed_non_finite_reaches_no_other_sequence(poisoned, configure):
+    """The inter-only mode on packed sequences (PyTorch path) builds each token's state from its own sequence's
+    tokens alone, though the row blocks of ``chunk_size`` tokens hold several sequences: a non-finite value reaches
+    no other sequence's output, gradient, final state or initial state's gradient."""
     from lightning_attention.ops.lightning.inter import lightning_attn_inter
 
     configure(backend="torch")
-    C, bad = 16, 45  # row blocks of 16 tokens: the poisoned token in block 2, of the second sequence
+    C, bad = 16, 45  # row blocks of 16 tokens: the poisoned token in block 2, of the second sequence (37..89)
     x, slope = _inputs(seed=5)
     cu = torch.tensor([0, 37, 90, T])
     h0 = torch.randn(3, H, K, V, generator=torch.Generator().manual_seed(6))
@@ -186,9 +184,7 @@ def test_inter_only_packed_non_finite_stays_in_the_neighbouring_row_blocks(poiso
     clean = _run_packed(x, slope, cu, h0, op)
     got = _run_packed(_poison(x, poisoned, bad), slope, cu, h0, op)
     t = torch.arange(T)
-    far = (t < (bad // C - 1) * C) | (t >= (bad // C + 2) * C)
-    others = far & ((t < 37) | (t >= 90))
-    assert others.any()
+    others = (t < 37) | (t >= 90)
     for out in ("o", "dq", "dk", "dv"):
         assert torch.equal(got[out][others], clean[out][others]), f"{out} of another sequence"
     for out in ("ht", "dh0"):

@@ -16,8 +16,13 @@ shape depends on T, N and C only, so ``torch.compile`` captures the whole comput
 goes through it: this is the CPU path's varlen training.
 
 The inter-only mode (the hybrid attention's linear half) chunks each *sequence* from its own start: a token reads
-the state after x, the token before its sequence-chunk. That state is a carry of the row's blocks plus a partial sum
-over x's row block, which is the token's own block or the one before: a window of 2C keys with masks.
+the state after x, the token before its sequence-chunk. A row block holds at most one such x, so that state is one
+[K, V] state per block: a carry of the row's blocks plus a partial sum over x's block, which is the token's own block
+or the one before.
+
+Wherever a product may meet another sequence's tokens, their operands are selected (``where``) on both sides, inputs
+and outputs: a zero weight times a non-finite value is NaN, and autograd multiplies by the zero gradients of the
+tokens a product does not reach (docs/design.md, "Non-finite values and overflow").
 """
 
 import torch
@@ -136,42 +141,40 @@ def _outputs(rows: _RowLayout, qb, kb, vb, before, log_lambda) -> torch.Tensor:
 def _inter_outputs(rows: _RowLayout, qb, kb, vb, before, log_lambda) -> tuple[torch.Tensor, torch.Tensor]:
     """o (unscaled) of the inter-only mode without its h0 terms, and which tokens take an h0 term.
 
-    Token t reads S(x), x = the token before its sequence-chunk. With bx = x's row block, S(x) is λ^(x+1-c0(bx))
-    S_{bx-1} + Σ_{j in block bx, j ≤ x, same sequence} λ^(x-j) k_j v_j when x's sequence runs on from before block
-    bx, else λ^(p(x)+1) h0 + the same sum. bx is t's block b or b - 1, so S_{bx-1} is ``before[b]`` or
-    ``before[b-1]`` and the keys are in the window of blocks b - 1 and b. Tokens in their sequence's first chunk
-    (p < C) read λ^(p+1) h0 only; both kinds of h0 term are λ^(p(t)+1) q_t h0."""
+    Token t reads S(x), x = the token before its sequence-chunk: o_t = λ^(t-x) q_t S(x). A row block holds at most one
+    such x (the next one of its sequence is C tokens on, and another sequence needs C tokens of its own before its
+    first), so S(x) is one state per block, built from that block alone: X_b = λ^(x+1-c0(b)) S_{b-1} when x's sequence
+    runs on from before block b, plus Σ_{j in block b, j ≤ x, same sequence} λ^(x-j) k_jᵀ v_j. Without the run-on
+    term the rest of S(x), λ^(p(x)+1) h0, is an h0 term, as it is for the tokens of a sequence's first chunk (p < C,
+    λ^(p+1) h0): both are λ^(p(t)+1) q_t h0. Every product takes one sequence's tokens only, so no other sequence's
+    non-finite value meets a zero weight."""
     NT, C, T = rows.NT, rows.C, rows.T
     device = qb.device
     t = torch.arange(NT * C, device=device)
+    # the block's x: a token followed, in its sequence, by the first token of a chunk that reads a state
+    nxt = (t + 1).clamp(max=NT * C - 1)
+    is_x = (t + 1 < T) & (rows.seq[nxt] == rows.seq) & (rows.pos[nxt] >= C) & (rows.pos[nxt] % C == 0)
+    is_x = is_x.reshape(NT, C)
+    has_x = is_x.any(dim=1)
+    xi = is_x.to(torch.int32).argmax(dim=1)  # [NT] x's place in its block (0 where the block has none)
+    x_tok = torch.arange(NT, device=device) * C + xi
+    j = torch.arange(C, device=device)
+    inside = has_x[:, None] & (rows.seq.reshape(NT, C) == rows.seq[x_tok][:, None]) & (j[None, :] <= xi[:, None])
+    w = rows.decay(log_lambda, (xi[:, None] - j[None, :]).clamp(min=0))  # [NT, C, H]: λ^(x-j)
+    X = torch.einsum("bjhk,bjhv->bhkv", *_select(inside, kb * w[..., None], vb))
+    runs_on = (has_x & rows.runs_on_tok[x_tok])[:, None, None, None]
+    X = X + torch.where(runs_on, rows.decay(log_lambda, xi + 1)[..., None, None] * before, 0.0)
+    # each token's x lies in its own block or the one before; q is selected to the tokens that take each product, as
+    # well as the output (as in _outputs)
     reads_state = rows.pos >= C
     x = (rows.first + (rows.pos // C) * C - 1).clamp(min=0)
-    bx = x // C
-    b = t // C
-    x_runs_on = rows.runs_on_tok[x]
-    exponent = (t - bx * C + 1).reshape(NT, C)  # λ^(t-x) · λ^(x+1-c0(bx)) = λ^(t+1-c0(bx))
-    takes_carry = (reads_state & x_runs_on).reshape(NT, C)[..., None, None]
-    prev = (bx < b).reshape(NT, C)[..., None, None]
-    # each product's q selected to the tokens that take it, as well as its output (as in _outputs)
-    qd = qb * rows.decay(log_lambda, exponent)[..., None]
-    in_this = torch.einsum("bihk,bhkv->bihv", torch.where(takes_carry & ~prev, qd, 0.0), before)  # bx = b: S_{b-1}
-    in_prev = torch.einsum(  # bx = b - 1: S_{b-2}
-        "bihk,bhkv->bihv", torch.where(takes_carry & prev, qd, 0.0), torch.cat([before[:1], before[:-1]])
-    )
-    o = torch.where(takes_carry, torch.where(prev, in_prev, in_this), 0.0)
-    # partial sums over block bx: keys of blocks b - 1 and b, those of x's block, sequence and up to x
-    zeros = torch.zeros_like(kb[:1])
-    keys = torch.cat([torch.cat([zeros, kb[:-1]]), kb], dim=1)  # [NT, 2C, H, K]
-    vals = torch.cat([torch.cat([torch.zeros_like(vb[:1]), vb[:-1]]), vb], dim=1)
-    j = (torch.arange(NT, device=device)[:, None] - 1) * C + torch.arange(2 * C, device=device)[None, :]  # [NT, 2C]
-    j_seq = torch.where(j >= 0, rows.seq[j.clamp(min=0)], -1)
-    xb, bxb = x.reshape(NT, C), bx.reshape(NT, C)
-    keep = (j_seq[:, None, :] == rows.seq.reshape(NT, C)[:, :, None]) & (j[:, None, :] <= xb[:, :, None])
-    keep = keep & (j[:, None, :] // C == bxb[:, :, None]) & (j >= 0)[:, None, :] & reads_state.reshape(NT, C)[..., None]
-    dist = (t.reshape(NT, C)[:, :, None] - j[:, None, :]).clamp(min=0)  # t - j = (t - x) + (x - j)
-    scores = torch.einsum("bihk,bjhk->bijh", qb, keys) * rows.decay(log_lambda, dist)
-    o = o + torch.einsum("bijh,bjhv->bihv", torch.where(keep[..., None], scores, 0.0), vals)
-    fresh = ~reads_state | ~x_runs_on
+    reads = reads_state.reshape(NT, C)[..., None, None]
+    prev = (x // C < t // C).reshape(NT, C)[..., None, None]
+    qx = qb * rows.decay(log_lambda, (t - x).clamp(min=0).reshape(NT, C))[..., None]  # λ^(t-x) q_t
+    in_this = torch.einsum("bihk,bhkv->bihv", torch.where(reads & ~prev, qx, 0.0), X)
+    in_prev = torch.einsum("bihk,bhkv->bihv", torch.where(reads & prev, qx, 0.0), torch.cat([X[:1], X[:-1]]))
+    o = torch.where(reads, torch.where(prev, in_prev, in_this), 0.0)
+    fresh = ~reads_state | ~rows.runs_on_tok[x]
     return o.reshape(NT * C, *o.shape[2:])[:T], fresh
 
 
