@@ -30,8 +30,8 @@ small groups, each waited for before the next: the consumers' registers hold G_c
 matrix (32), and more products in flight made them spill; this order builds without spills (sm_90, Triton 3.8). At
 K = V = 128 with two stages: 229,784 B as built for sm_90 (the stages 128 KB, G's two operand copies per consumer
 64 KB, the weighted do 16 KB, one output tile per consumer 16 KB), of the 227 KB a block may take; dv and dk leave
-through the same output tile one after the other. Each consumer's key columns coming whole spares the float32 tile
-through which the consumers once added up each other's parts of dk (docs/kernels.md, "Two warpgroups at K = 128").
+through the same output tile one after the other. With each consumer's key columns computed whole, no float32 tile
+adds up the two consumers' parts of dk (why: docs/kernels.md, "dk whole per consumer").
 
 Only the shapes the plan gives it (``plan.use_dkdv_ws``): bf16 with the bf16 inter product, K = V = 128, fixed-length
 batches, whole sequences or host-planned segments (``SEG_IN``), tensor descriptors, sm_90. Gluon has no interpreter:
