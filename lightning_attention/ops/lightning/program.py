@@ -101,6 +101,15 @@ class Program:
         return [step[1] for step in self.steps if step[0] == "launch"]
 
     def __call__(self, *inputs):
+        values = self._run(inputs, free=True)
+        return tuple(values[o] if o is not None else None for o in self.outputs)
+
+    def run_keeping_buffers(self, *inputs) -> list:
+        """Runs the program like a call but frees no buffer: every slot's tensor, by slot, so that profiling tools can
+        repeat one launch alone (``launch.run(values)``)."""
+        return self._run(inputs, free=False)
+
+    def _run(self, inputs: tuple, free: bool) -> list:
         values: list = [*inputs, *([None] * (self.num_slots - len(inputs)))]
         device = inputs[0].device  # q: allocations and constants go where it is
         for step in self.steps:
@@ -113,13 +122,14 @@ class Program:
                 _, slot, base, dim, start, length = step
                 values[slot] = values[base].narrow(dim, start, length)
             elif kind == "free":
-                for slot in step[1]:
-                    values[slot] = None
+                if free:
+                    for slot in step[1]:
+                        values[slot] = None
             elif kind == "const":
                 values[step[1]] = self._constant(step, device)
             else:  # "call"
                 step[1]()
-        return tuple(values[o] if o is not None else None for o in self.outputs)
+        return values
 
     def output_spec(self, index: int) -> TensorSpec | None:
         """The spec of output ``index`` (None when the program returns None there)."""
