@@ -60,7 +60,8 @@ def profile_shape(B: int, T: int, H: int, D: int, sampler, hold_s: float, idle_s
     programs = call_programs(problem)
     q, k, v, do, slope = problem.q.detach(), problem.k.detach(), problem.v.detach(), problem.do, problem.slope
     fwd_values = programs["fwd"].run_keeping_buffers(q, k, v, slope, None, None)
-    fwd_states = fwd_values[programs["fwd"].outputs[2]]
+    states_slot = programs["fwd"].outputs[2]  # the segments' incoming states (None: an unsegmented plan)
+    fwd_states = None if states_slot is None else fwd_values[states_slot]
     bwd_values = programs["bwd"].run_keeping_buffers(q, k, v, do, None, slope, None, None, fwd_states)
     rows = []
     for name, values in (("fwd", fwd_values), ("bwd", bwd_values)):
