@@ -9,6 +9,10 @@ calls ran (``ops/lightning/run.py`` caches one per problem), so this is what a t
 
     python benchmarks/chunk_profile.py --shapes 32x2048,2x32768,1x131072 --out chunk_profile.json
     python benchmarks/chunk_profile.py --shapes 4x16384x64 --set segment_len=0      # the same without segments
+    python benchmarks/chunk_profile.py --shapes 1x524288 --graph                     # also as CUDA-graph replays
+
+With ``--graph`` the fwd+bwd is also captured in a CUDA graph and its replays are profiled the same way, each kernel's
+replayed time beside its plain one.
 """
 
 import argparse
@@ -17,6 +21,7 @@ import json
 import torch
 from timed_calls import (
     add_settings_option,
+    capture,
     device_ms,
     make_problem,
     parse_shape,
@@ -81,7 +86,7 @@ def describe(row: dict) -> str:
     return f"{row['launcher']} grid {grid}: {shown} {flags}{resources}"
 
 
-def profile_shape(B: int, T: int, H: int, D: int, iters: int) -> dict:
+def profile_shape(B: int, T: int, H: int, D: int, iters: int, graph: bool = False) -> dict:
     problem = make_problem(B, T, H, D)
     for _ in range(3):  # compile, verify the direct launches, warm
         problem.fwd_bwd()
@@ -90,10 +95,18 @@ def profile_shape(B: int, T: int, H: int, D: int, iters: int) -> dict:
     kernels = profiled_kernels(problem.fwd_bwd, iters)[-1]  # the last profiled call's kernels, in launch order
     programs = call_programs(problem)
     launches = [{"pass": name, **row} for name in ("fwd", "bwd") for row in launch_rows(programs[name])]
+    result = {"plan": programs["plan"], "do_bench_ms": wall_ms, "launches": launches, "kernels": kernels}
+    if graph:
+        replay = capture(problem.fwd_bwd).replay
+        result["graph_ms"] = device_ms(replay, warmup=10, rep=100)
+        result["graph_kernels"] = profiled_kernels(replay, iters)[-1]
     if len(kernels) == len(launches):  # pair them: the kernels of one call are its programs' launches, in order
         for launch, kernel in zip(launches, kernels, strict=True):
             launch.update(kernel)
-    return {"plan": programs["plan"], "do_bench_ms": wall_ms, "launches": launches, "kernels": kernels}
+        if len(result.get("graph_kernels", ())) == len(launches):
+            for launch, kernel in zip(launches, result["graph_kernels"], strict=True):
+                launch["graph_us"] = kernel["us"]
+    return result
 
 
 def main() -> int:
@@ -101,6 +114,7 @@ def main() -> int:
     parser.add_argument("--shapes", default="32x2048,8x8192,2x32768,1x131072", help="BxT or BxTxD, comma-separated")
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--iters", type=int, default=5, help="profiled fwd+bwd calls (the last one is reported)")
+    parser.add_argument("--graph", action="store_true", help="also profile the fwd+bwd as CUDA-graph replays")
     add_settings_option(parser)
     parser.add_argument("--out", default=None, help="write the result as JSON to this file")
     args = parser.parse_args()
@@ -110,12 +124,16 @@ def main() -> int:
     with settings.override(**settings_changes(args.set)):
         for shape in args.shapes.split(","):
             B, T, D = parse_shape(shape)
-            res = result["shapes"][shape] = profile_shape(B, T, args.heads, D, args.iters)
+            res = result["shapes"][shape] = profile_shape(B, T, args.heads, D, args.iters, args.graph)
             total = sum(k["us"] for k in res["kernels"]) / 1e3
             print(f"== {shape} (H = {args.heads}): plan {json.dumps(res['plan'])}; {total:.3f} ms of kernels per "
                   f"fwd+bwd, do_bench {res['do_bench_ms']:.3f} ms", flush=True)  # fmt: skip
+            if "graph_ms" in res:
+                replayed = sum(k["us"] for k in res["graph_kernels"]) / 1e3
+                print(f"  replayed: {replayed:.3f} ms of kernels, do_bench {res['graph_ms']:.3f} ms", flush=True)
             for launch in res["launches"]:
                 us = f"{launch['us']:9.1f} us  " if "us" in launch else ""
+                us += f"(replayed {launch['graph_us']:9.1f})  " if "graph_us" in launch else ""
                 print(f"  {launch['pass']}  {us}{describe(launch)}", flush=True)
             if len(res["kernels"]) != len(res["launches"]):
                 print(f"  ({len(res['kernels'])} kernels ran, {len(res['launches'])} launches planned: not paired)")

@@ -23,7 +23,7 @@ BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
 SCRIPTS = ("host_overhead.py", "chunk_profile.py", "chunk_sweep.py", "ncu_profile.py", "host_trace.py",
            "recompute_timing.py", "guard.py", "cold_start.py", "tune_table.py", "fp32_products.py",
            "precision_model.py", "host_pair.py", "placement.py", "clocks.py", "settings_ab.py",
-           "ncu_sass_summary.py")  # fmt: skip
+           "ncu_sass_summary.py", "energy_profile.py")  # fmt: skip
 
 
 @pytest.fixture
