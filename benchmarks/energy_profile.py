@@ -25,26 +25,18 @@ from timed_calls import add_settings_option, make_problem, parse_shape, settings
 
 from lightning_attention import settings
 from lightning_attention.bench import clocks
+from lightning_attention.bench.timing import settle
 
 
 def held(fn, sampler, hold_s: float, idle_s: float) -> dict:
     """``fn`` back to back for ``hold_s`` seconds after ``idle_s`` of idle; the second half of the window measured."""
+    device = torch.device("cuda")
     time.sleep(idle_s)
-    fn()
-    torch.cuda.synchronize()
-    start = time.monotonic()
-    while time.monotonic() - start < hold_s / 2:  # reach the clock the hold settles at
-        for _ in range(20):
-            fn()
-        torch.cuda.synchronize()
-    t0, calls = time.monotonic(), 0
+    settle(fn, device, hold_s / 2)  # reach the clock the hold settles at
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.monotonic()
     begin.record()
-    while time.monotonic() - t0 < hold_s / 2:
-        for _ in range(20):
-            fn()
-        calls += 20
-        torch.cuda.synchronize()
+    calls = settle(fn, device, hold_s / 2)
     end.record()
     end.synchronize()
     t1 = time.monotonic()

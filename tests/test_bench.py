@@ -387,13 +387,14 @@ def test_settle_runs_the_call_back_to_back_before_a_cuda_measurement(monkeypatch
         calls.append(x.grad)
         x.grad = torch.ones_like(x)
 
-    timing.settle(fn, torch.device("cuda"), 0.05, grad_to_none=[x])
+    made = timing.settle(fn, torch.device("cuda"), 0.05, grad_to_none=[x])
+    assert made == len(calls)  # it counts its calls (energy_profile.py times them)
     assert len(calls) >= timing._SETTLE_BATCH and len(calls) % timing._SETTLE_BATCH == 0
     assert all(g is None for g in calls)  # each call found its gradient cleared
     assert len(synced) == 1 + len(calls) // timing._SETTLE_BATCH
     calls.clear()
-    timing.settle(fn, torch.device("cuda"), 0.0)
-    timing.settle(fn, torch.device("cpu"), 1.0)
+    assert timing.settle(fn, torch.device("cuda"), 0.0) == 0
+    assert timing.settle(fn, torch.device("cpu"), 1.0) == 0
     assert calls == []
 
     # the kernels benchmark passes it to every timed measurement

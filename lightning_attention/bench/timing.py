@@ -89,8 +89,9 @@ _SETTLE_BATCH = 8  # calls between two looks at the wall time in :func:`settle`
 
 def settle(
     fn: Callable[[], object], device: torch.device, seconds: float, grad_to_none: list[torch.Tensor] | None = None
-) -> None:
-    """Calls ``fn()`` back to back for ``seconds`` of wall time (nothing where ``seconds`` <= 0 or on CPU).
+) -> int:
+    """Calls ``fn()`` back to back for ``seconds`` of wall time (nothing where ``seconds`` <= 0 or on CPU) and returns
+    how many calls it made.
 
     A call that brings the GPU to its power cap slows over its first few hundred back-to-back runs as the SM clock
     drops, and a short measurement lands anywhere in that drift (docs/kernels.md, "The power cap"); after this, it
@@ -98,14 +99,16 @@ def settle(
     host never runs more than a few calls ahead of the time it reads.
     """
     if seconds <= 0 or device.type != "cuda":
-        return
+        return 0
     synchronize(device)
-    end = time.monotonic() + seconds
+    end, calls = time.monotonic() + seconds, 0
     while time.monotonic() < end:
         for _ in range(_SETTLE_BATCH):
             _clear_grads(grad_to_none)
             fn()
+        calls += _SETTLE_BATCH
         synchronize(device)
+    return calls
 
 
 def graphed(fn: Callable[[], object], device: torch.device) -> Callable[[], None]:
