@@ -18,6 +18,7 @@ selector's rule instead of the noise. Every candidate is one the GPU suite value
     python benchmarks/tune_table.py                      # writes kernels/tuned_sm<NN>.py for this GPU
     python benchmarks/tune_table.py --classes bf16:4x16384x64,bf16:1x131072x128 --reps 5 --json tune.json
     python benchmarks/tune_table.py --first-candidates 80 --sms 108    # no GPU: kernels/tuned_sm80.py, untimed
+    python benchmarks/tune_table.py --first-candidates 100 --sms 148   # no GPU: kernels/tuned_sm100.py, untimed
 
 The written module names the GPU, the software, the commit measured and this command; the JSON (``--json``) holds
 every timing.

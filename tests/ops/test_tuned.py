@@ -235,24 +235,38 @@ def test_measure_pins_each_candidate_and_finds_the_fastest(tune_table, monkeypat
     assert table == {key: options[1] for key, options in candidates.items()}
 
 
-def test_the_sm80_table_is_the_selectors_first_candidates(tune_table):
-    """The untimed sm_80 table is what ``tune_table.py --first-candidates 80`` writes from the current selector (its
-    entries are then the builds tests/ops/test_aot.py checks); on another SM count (an A30's 56) the same keys,
-    whichever WAVES value a class takes there."""
-    assert tune_table.first_candidates(80, 108) == dict(tuned.TABLES[80])
-    assert tune_table.first_candidates(80, 56) == dict(tuned.TABLES[80])
-    for key, entry in tuned.TABLES[80].items():
+# the architectures whose tables ship untimed, each with the SM count its table was planned for and another GPU's:
+# an A100 (108) and an A30 (56); a B200 (148) and 132
+UNTIMED_SM_COUNTS = {80: (108, 56), 100: (148, 132)}
+
+
+def test_every_untimed_table_has_its_sm_counts():
+    assert set(UNTIMED_SM_COUNTS) == set(tuned.UNTIMED)
+
+
+@pytest.mark.parametrize("cc", sorted(UNTIMED_SM_COUNTS))
+def test_an_untimed_table_is_the_selectors_first_candidates(tune_table, cc):
+    """An untimed table is what ``tune_table.py --first-candidates CC`` writes from the current selector (its entries
+    are then the builds tests/ops/test_aot.py checks); on another SM count the same keys, whichever WAVES value a
+    class takes there. Every entry is a K = 128 walk, through descriptors wherever the architecture has them."""
+    planned, other = UNTIMED_SM_COUNTS[cc]
+    assert tune_table.first_candidates(cc, planned) == dict(tuned.TABLES[cc])
+    assert tune_table.first_candidates(cc, other) == dict(tuned.TABLES[cc])
+    for key, entry in tuned.TABLES[cc].items():
         named = dict(zip(walk.AUTOTUNE_KEY, key[3:], strict=True))
-        assert named["DK"] == named["DV"] == 128 and not named["USE_TMA"], key
-        assert entry == _offered(80, key)[0], key
+        assert named["DK"] == named["DV"] == 128 and named["USE_TMA"] == (cc >= TMA_MIN_CAPABILITY), key
+        assert entry == _offered(cc, key)[0], key
 
 
-def test_an_a100_plans_the_sm80_entries_without_autotuning():
+@pytest.mark.parametrize("cc", sorted(UNTIMED_SM_COUNTS))
+def test_a_gpu_plans_its_untimed_entries_without_autotuning(cc):
+    """On an A100 or a B200, every walk of a K = 128 fwd+bwd of grid (a)'s ends and of grid (b)'s 128K takes its
+    table's entry: one compile, no timing."""
     from lightning_attention.ops.lightning.device import DeviceInfo
 
-    a100 = DeviceInfo.of_capability(80, sm_count=108)
+    gpu = DeviceInfo.of_capability(cc, sm_count=UNTIMED_SM_COUNTS[cc][0])
     for B, T in ((64, 1024), (8, 8192), (1, 131072)):
-        fwd, bwd = problem(B=B, T=T, device=a100), problem(B=B, T=T, device=a100, backward=True)
+        fwd, bwd = problem(B=B, T=T, device=gpu), problem(B=B, T=T, device=gpu, backward=True)
         walks = _walks(run.forward_program(fwd)) + _walks(run.backward_program(bwd))
         assert walks and all(name == "lightning_attn walk" for name, _ in walks), (B, T, walks)
-        assert {shape for _, shape in walks} <= set(tuned.TABLES[80].values())
+        assert {shape for _, shape in walks} <= set(tuned.TABLES[cc].values())

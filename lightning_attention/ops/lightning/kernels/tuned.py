@@ -17,13 +17,13 @@ A key is :func:`table_key`.
 import contextlib
 from collections.abc import Iterator, Mapping
 
-from lightning_attention.ops.lightning.kernels import tuned_sm80, tuned_sm90
+from lightning_attention.ops.lightning.kernels import tuned_sm80, tuned_sm90, tuned_sm100
 
-_MODULES = {80: tuned_sm80, 90: tuned_sm90}
+_MODULES = {80: tuned_sm80, 90: tuned_sm90, 100: tuned_sm100}
 # compute capability -> {key -> (BT, BV, num_warps, num_stages)}
 TABLES: dict[int, Mapping[tuple, tuple[int, int, int, int]]] = {cc: m.CONFIGS for cc, m in _MODULES.items()}
 # the architectures whose table was never timed on their GPU: the selector's first candidates, compile-checked
-# (sm_80 at K = 128; docs/kernels.md, "The tuned table")
+# (sm_80 and sm_100 at K = 128; docs/kernels.md, "The tuned table")
 UNTIMED: frozenset[int] = frozenset(cc for cc, m in _MODULES.items() if not m.MEASURED)
 
 _override: Mapping[tuple, tuple[int, int, int, int]] | None = None
