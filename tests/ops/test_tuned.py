@@ -260,8 +260,8 @@ def test_an_untimed_table_is_the_selectors_first_candidates(tune_table, cc):
 
 @pytest.mark.parametrize("cc", sorted(UNTIMED_SM_COUNTS))
 def test_a_gpu_plans_its_untimed_entries_without_autotuning(cc):
-    """On an A100 or a B200, every walk of a K = 128 fwd+bwd of grid (a)'s ends and of grid (b)'s 128K takes its
-    table's entry: one compile, no timing."""
+    """On an A100 or a B200, every walk of a K = 128 fwd+bwd at 64 × 1K and 8 × 8K (grid (a)) and 1 × 128K (grid (b))
+    takes its table's entry: one compile, no timing."""
     from lightning_attention.ops.lightning.device import DeviceInfo
 
     gpu = DeviceInfo.of_capability(cc, sm_count=UNTIMED_SM_COUNTS[cc][0])
